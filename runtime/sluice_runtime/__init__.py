@@ -1,0 +1,1 @@
+"""Sluice runtime: the pod that serves one model replica."""

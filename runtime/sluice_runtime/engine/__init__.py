@@ -1,0 +1,1 @@
+"""Scheduling, KV block accounting and request lifecycle; never imports torch."""

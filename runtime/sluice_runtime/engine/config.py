@@ -1,0 +1,81 @@
+"""Engine settings: one dataclass, its CLI flags and their validation."""
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, fields
+
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_memory(value: str | int) -> int:
+    """'1GiB', '512Mi', '2G', '1048576' -> bytes."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", value.lower())
+    if not match:
+        raise ValueError(f"cannot parse memory size {value!r}; use e.g. 512MiB, 1GiB or a byte count")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[unit or ""])
+
+
+@dataclass
+class EngineConfig:
+    model: str = "smollm2"
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_memory: int = 1 << 30
+    # Overrides kv_cache_memory when set.
+    num_kv_blocks: int | None = None
+    # None: the model's own context length.
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    max_waiting: int = 1024
+    enable_prefix_caching: bool = True
+    # A request preempted this often is no longer chosen as a victim, so it cannot livelock.
+    max_preemptions_per_request: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        checks = [
+            (self.dtype in ("float32", "bfloat16", "float16"), f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}"),
+            (self.block_size in (1, 2, 4, 8, 16, 32, 64, 128, 256), f"block size must be a power of two up to 256, got {self.block_size}"),
+            (self.kv_cache_memory > 0, "kv cache memory must be positive"),
+            (self.num_kv_blocks is None or self.num_kv_blocks >= 1, f"num kv blocks must be at least 1, got {self.num_kv_blocks}"),
+            (self.max_model_len is None or self.max_model_len >= 1, f"max model len must be at least 1, got {self.max_model_len}"),
+            (self.max_num_seqs >= 1, f"max num seqs must be at least 1, got {self.max_num_seqs}"),
+            (self.max_num_batched_tokens >= self.max_num_seqs,
+             f"max num batched tokens ({self.max_num_batched_tokens}) must be at least max num seqs ({self.max_num_seqs})"),
+            (self.max_waiting >= 1, f"max waiting must be at least 1, got {self.max_waiting}"),
+            (self.max_preemptions_per_request >= 0, "max preemptions per request must be non-negative"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("engine")
+        group.add_argument("--model", default="smollm2",
+                           help="'smollm2' (embedded default), a local HF model directory, or hf:ORG/NAME")
+        group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        group.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+        group.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+        group.add_argument("--kv-cache-memory", default="1GiB", help="KV-cache budget, e.g. 512MiB or 2GiB")
+        group.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks; overrides --kv-cache-memory")
+        group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+        group.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
+        group.add_argument("--max-num-batched-tokens", type=int, default=1024, help="token budget of one engine step")
+        group.add_argument("--max-waiting", type=int, default=1024, help="queued requests before new ones are refused as overloaded")
+        group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                           help="disable reuse of cached prompt blocks")
+        group.add_argument("--seed", type=int, default=0)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})

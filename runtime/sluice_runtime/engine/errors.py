@@ -1,0 +1,29 @@
+"""Errors the engine raises at submit time; the server maps them to HTTP statuses."""
+
+
+class EngineError(Exception):
+    """Base class; `code` is a stable machine-readable reason."""
+
+    code = "engine_error"
+
+
+class RequestRejected(EngineError):
+    """The request can never be served as asked (too long for the context or the KV cache)."""
+
+    code = "request_too_large"
+
+
+class EngineOverloaded(EngineError):
+    """The waiting queue is full; retry later."""
+
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineDead(EngineError):
+    """The engine loop stopped (a bug or shutdown); no request can make progress."""
+
+    code = "engine_dead"

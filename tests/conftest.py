@@ -1,0 +1,4 @@
+"""Shared fixtures live in tests/fixtures/, one module per thing they bring up; register new ones here."""
+pytest_plugins = [
+    "fixtures.model",
+]
