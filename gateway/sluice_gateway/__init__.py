@@ -1,0 +1,1 @@
+"""Sluice routing gateway: the cluster-internal OpenAI endpoint (auth, limits, routing, proxying)."""
