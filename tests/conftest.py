@@ -1,4 +1,5 @@
 """Shared fixtures live in tests/fixtures/, one module per thing they bring up; register new ones here."""
 pytest_plugins = [
     "fixtures.model",
+    "fixtures.redis",
 ]

@@ -1,0 +1,45 @@
+"""Bearer key → tenant, and which public model names a tenant may use.
+
+Keys are compared by SHA-256 digest only; the key itself never leaves this module, callers log `key_id`.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from fnmatch import translate
+
+from .config import GatewayConfig, Limits
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tenant: str
+    key_id: str
+    limits: Limits
+    model_pattern: re.Pattern[str]
+    admin: bool = False
+
+    def may_use(self, model: str) -> bool:
+        return self.admin or self.model_pattern.match(model) is not None
+
+
+class KeyStore:
+    def __init__(self, config: GatewayConfig) -> None:
+        self._by_digest: dict[str, Principal] = {}
+        for tenant in config.tenants:
+            pattern = re.compile("|".join(f"(?:{translate(glob)})" for glob in tenant.models) or "(?!)")
+            for key in tenant.keys:
+                self._by_digest[key.sha256] = Principal(tenant.name, key.id, tenant.limits, pattern)
+        for key in config.admin_keys:
+            self._by_digest[key.sha256] = Principal("admin", key.id, Limits(), re.compile("(?!)"), admin=True)
+
+    def authenticate(self, authorization: str | None) -> Principal | None:
+        """The principal behind an `Authorization: Bearer KEY` header, or None when missing or unknown."""
+        if not authorization:
+            return None
+        scheme, _, key = authorization.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            return None
+        return self._by_digest.get(hashlib.sha256(key.encode()).hexdigest())

@@ -1,0 +1,126 @@
+"""gateway.yaml: listen settings, timeouts, Redis, tenants with hashed keys, allowed models and limits.
+
+In the cluster this file comes from a Secret. API keys are stored only as SHA-256 hex digests
+(`printf %s "$KEY" | sha256sum`); each key also has an `id` that logs and metrics use instead of it.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ApiKey(_Strict):
+    id: str = Field(min_length=1, description="Safe to log; names the key in access logs and metrics.")
+    sha256: str = Field(description="Hex SHA-256 of the key as the client sends it.")
+
+    @field_validator("sha256")
+    @classmethod
+    def _is_hex_digest(cls, value: str) -> str:
+        value = value.strip().lower()
+        if not _HEX64.match(value):
+            raise ValueError("must be the 64-character hex SHA-256 of the key (printf %s KEY | sha256sum)")
+        return value
+
+
+class Limits(_Strict):
+    """Per-tenant limits; None means unlimited."""
+
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(default=None, gt=0)
+    max_concurrent: int | None = Field(default=None, gt=0)
+
+
+class Tenant(_Strict):
+    name: str = Field(min_length=1)
+    keys: tuple[ApiKey, ...] = Field(min_length=1)
+    models: tuple[str, ...] = Field(default=("*",), description="Globs of public model names this tenant may use.")
+    limits: Limits = Limits()
+
+
+class Listen(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class Timeouts(_Strict):
+    connect_s: float = Field(default=2.0, gt=0, description="TCP connect to an endpoint.")
+    first_byte_s: float = Field(default=120.0, gt=0, description="Until the upstream's response headers.")
+    idle_s: float = Field(default=60.0, gt=0, description="Longest silence between two upstream chunks.")
+    total_s: float = Field(default=900.0, gt=0, description="Whole request, streaming included.")
+
+
+class RedisSettings(_Strict):
+    url: str = Field(description="redis://HOST:PORT/DB; several gateway replicas share limits through it.")
+    on_failure: Literal["open", "closed"] = Field(
+        default="open", description="open: admit without limits while Redis is down; closed: answer 503."
+    )
+    timeout_s: float = Field(default=0.25, gt=0)
+
+
+class Routing(_Strict):
+    session_header: str = Field(default="x-session-id", description="Header naming a session or user.")
+    sticky_canary: bool = Field(
+        default=True, description="Keep one session on one weighted backend (needs the session header)."
+    )
+    prefix_chars: int = Field(default=1024, gt=0, description="How much of the prompt prefix affinity hashes.")
+    load_bound: float = Field(default=1.25, ge=1.0, description="Bounded-load factor for prefix affinity.")
+    max_attempts: int = Field(default=3, ge=1, description="Endpoints tried before the first byte.")
+    poll_interval_s: float = Field(default=1.0, gt=0, description="How often each endpoint's /load is polled.")
+    poll_timeout_s: float = Field(default=0.5, gt=0)
+    eject_after_failures: int = Field(default=3, ge=1, description="Consecutive failures that eject an endpoint.")
+    eject_for_s: float = Field(default=10.0, gt=0)
+    reload_interval_s: float = Field(default=1.0, gt=0, description="How often the routes file is checked.")
+
+
+class GatewayConfig(_Strict):
+    listen: Listen = Listen()
+    timeouts: Timeouts = Timeouts()
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    default_max_tokens: int = Field(
+        default=512, gt=0, description="Tokens reserved for output when a request sets no max_tokens."
+    )
+    redis: RedisSettings | None = None
+    routing: Routing = Routing()
+    admin_keys: tuple[ApiKey, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
+    access_log: bool = True
+
+    @model_validator(mode="after")
+    def _unique_names_and_keys(self) -> "GatewayConfig":
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenant names must be unique, got {names}")
+        digests = [k.sha256 for t in self.tenants for k in t.keys] + [k.sha256 for k in self.admin_keys]
+        if len(set(digests)) != len(digests):
+            raise ValueError("the same API key is listed twice")
+        return self
+
+
+class ConfigError(ValueError):
+    """gateway.yaml is missing or invalid; the message says where and why."""
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read gateway config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"gateway config {path} is not valid YAML: {exc}") from None
+    try:
+        return GatewayConfig.model_validate(data or {})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid gateway config {path}: {problems}") from None
