@@ -34,5 +34,8 @@ bench-engine: install
 bench-serve: install
 	$(PY) bench/serve_bench.py --help
 
+crds: install
+	$(VENV)/bin/sluice-operator crds --out crds
+
 clean:
 	rm -rf $(VENV) .pytest_cache

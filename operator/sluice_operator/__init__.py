@@ -1,0 +1,1 @@
+"""Sluice operator: InferenceModel and ModelRoute custom resources, reconciled with kopf."""

@@ -1,0 +1,99 @@
+"""InferenceModel → the Deployment of its runtime pods."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..crd import RUNTIME_PORT, InferenceModelSpec
+from .names import Owner, labels, selector_labels
+from .runtime_args import CACHE_DIR, model_mount, runtime_args
+
+CONTAINER = "runtime"
+PROBE_PERIOD_SECONDS = 10
+# Endpoint removal takes a moment to reach every gateway; the pod keeps serving until then.
+PRESTOP_SLEEP_SECONDS = 5
+
+
+def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
+
+
+def _resources(spec: InferenceModelSpec) -> dict[str, Any]:
+    amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    limits = dict(amounts)
+    if spec.resources.gpus:
+        limits["nvidia.com/gpu"] = spec.resources.gpus
+    return {"requests": amounts, "limits": limits}
+
+
+def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
+    mount = model_mount(spec)
+    volumes = [{"name": "cache", "emptyDir": {}}, *mount.volumes]
+    mounts = [{"name": "cache", "mountPath": CACHE_DIR}, *mount.mounts]
+    if spec.tensor_parallel_size > 1:
+        # Tensor-parallel workers exchange activations through shared memory.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    env = [
+        {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        *mount.env,
+    ]
+    container = {
+        "name": CONTAINER,
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": ["sluice-runtime"],
+        "args": runtime_args(owner.name, spec, mount),
+        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        "startupProbe": _probe(
+            "/ready", PROBE_PERIOD_SECONDS, math.ceil(spec.runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
+        ),
+        "readinessProbe": _probe("/ready", 5, 2),
+        "livenessProbe": _probe("/health", PROBE_PERIOD_SECONDS, 3, timeout=5),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": spec.rollout.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+    }
+    if spec.resources.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.resources.node_selector)
+    if spec.resources.tolerations:
+        pod_spec["tolerations"] = [t.wire() for t in spec.resources.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owner.metadata(),
+        "spec": {
+            "replicas": spec.replicas,
+            "revisionHistoryLimit": 5,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels(owner.name),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(RUNTIME_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

@@ -1,0 +1,54 @@
+"""Names, labels and owner references every object built for an InferenceModel carries."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..crd import API_VERSION, InferenceModel
+LABEL_MODEL = "sluice.dev/inference-model"
+MANAGED_BY = "sluice-operator"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceModel the built objects belong to; deleting it garbage-collects them."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": InferenceModel.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "labels": labels(self.name),
+            "ownerReferences": [self.reference()],
+        }
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "sluice-runtime", LABEL_MODEL: name}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        **selector_labels(name),
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/part-of": "sluice",
+    }
+
+
+def selector_string(name: str) -> str:
+    """The same selector as `kubectl get pods -l`, for the scale subresource."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))

@@ -1,0 +1,67 @@
+"""The runtime container's command line and model volume, from an InferenceModel spec."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..crd import InferenceModelSpec
+from ..crd import RUNTIME_PORT
+
+CACHE_DIR = "/cache"
+MODEL_DIR = "/model"
+
+
+@dataclass
+class ModelMount:
+    model_arg: str
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+    env: list[dict[str, Any]] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)
+
+
+def kv_cache_arg(quantity: str) -> str:
+    """Kubernetes binary units (1Gi) to the runtime's (1GiB)."""
+    return quantity + "B"
+
+
+def model_mount(spec: InferenceModelSpec) -> ModelMount:
+    source = spec.model.parsed()
+    if source.kind == "embedded":
+        return ModelMount(model_arg=spec.model.source)
+    if source.kind == "pvc":
+        return ModelMount(
+            model_arg=f"{MODEL_DIR}/{source.path}".rstrip("/"),
+            volumes=[{"name": "model", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}}],
+            mounts=[{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}],
+        )
+    mount = ModelMount(model_arg=spec.model.source)
+    secret = spec.model.token_secret
+    if secret is not None:
+        mount.env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
+        )
+    if spec.model.revision:
+        mount.extra_args += ["--revision", spec.model.revision]
+    return mount
+
+
+def runtime_args(name: str, spec: InferenceModelSpec, mount: ModelMount) -> list[str]:
+    rt = spec.runtime
+    args = [
+        "serve",
+        "--model", mount.model_arg,
+        "--host", "0.0.0.0",
+        "--port", str(RUNTIME_PORT),
+        "--served-model-name", spec.served_name(name),
+        "--max-model-len", str(rt.max_model_len),
+        "--max-num-seqs", str(rt.max_num_seqs),
+        "--dtype", rt.dtype,
+        "--kv-cache-memory", kv_cache_arg(rt.kv_cache_memory),
+        "--block-size", str(rt.block_size),
+    ]
+    if not rt.prefix_caching:
+        args.append("--no-prefix-caching")
+    if spec.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    return args + mount.extra_args + list(rt.args)

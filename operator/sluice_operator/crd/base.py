@@ -1,0 +1,89 @@
+"""Shared building blocks of the custom resource models: base config, quantities, CEL rules."""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+GROUP = "sluice.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+# The runtime serves HTTP, probes and /metrics on this port (DESIGN.md).
+RUNTIME_PORT = 8000
+
+
+class SpecModel(BaseModel):
+    """Spec fragments: camelCase on the wire, unknown fields refused (the API server prunes them too)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class StatusModel(BaseModel):
+    """Status fragments: tolerant when reading, since older operators may have written other fields."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry, evaluated by the API server on admission."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+# Kubernetes resource quantities ("2", "500m", "4Gi"); users write both `cpu: 2` and `cpu: "2"`.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def _quantity(value: Any) -> str:
+    text = str(value)
+    if isinstance(value, bool) or not _QUANTITY.match(text):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity such as '2', '500m' or '4Gi'")
+    return text
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+        }
+    ),
+]
+
+# Deployment rollout knobs: an absolute pod count or a percentage.
+_INT_OR_PERCENT = re.compile(r"^[0-9]+%?$")
+
+
+def _int_or_percent(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and _INT_OR_PERCENT.match(value):
+        return value
+    raise ValueError(f"{value!r} must be a pod count such as 1 or a percentage such as '25%'")
+
+
+IntOrPercent = Annotated[
+    int | str,
+    BeforeValidator(_int_or_percent),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": r"^[0-9]+%?$",
+        }
+    ),
+]

@@ -1,0 +1,322 @@
+"""InferenceModel: one served model, its runtime pods and how many of them to run."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import IntOrPercent, Quantity, SpecModel, StatusModel, cel
+from .status import Condition, conditions_schema_extra
+
+EMBEDDED_MODEL = "smollm2"
+HF_SOURCE = re.compile(r"^hf:[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+$")
+PVC_SOURCE = re.compile(r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+$")
+KV_CACHE_PATTERN = r"^[1-9][0-9]*(Ki|Mi|Gi|Ti)$"
+
+# Messages shared by the CEL rules (API server) and the pydantic validators (operator, tests).
+MSG_SOURCE = "model.source must be 'smollm2', 'hf:ORG/NAME' or 'pvc://CLAIM/PATH'"
+MSG_HF_ONLY = "model.revision and model.tokenSecret only apply to an 'hf:' source"
+MSG_MIN_MAX = "autoscaling.minReplicas must not be above autoscaling.maxReplicas"
+MSG_TP_GPUS = "tensorParallelSize above 1 needs at least that many GPUs in resources.gpus"
+MSG_ROLLOUT = "rollout.maxSurge and rollout.maxUnavailable cannot both be zero"
+MSG_NAME = (
+    "InferenceModel names must be at most 63 lowercase letters, digits or '-', starting with a letter, "
+    "since the Service of the model takes the same name"
+)
+
+
+@dataclass(frozen=True)
+class ParsedSource:
+    kind: Literal["embedded", "hf", "pvc"]
+    repo: str = ""
+    claim: str = ""
+    path: str = ""
+
+
+class SecretKeyRef(SpecModel):
+    name: str = Field(description="Name of a Secret in the InferenceModel's namespace.", min_length=1, max_length=253)
+    key: str = Field(default="HF_TOKEN", description="Key in the Secret holding the token.", max_length=253)
+
+
+class ModelSource(SpecModel):
+    source: str = Field(
+        description=(
+            "Where the weights come from: 'smollm2' (the embedded SmolLM2-135M-Instruct, no volume), "
+            "'hf:ORG/NAME' (downloaded from the Hugging Face Hub into a cache volume) or "
+            "'pvc://CLAIM/PATH' (an HF-format directory on a PersistentVolumeClaim, mounted read-only)."
+        ),
+        max_length=512,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self == '{EMBEDDED_MODEL}' || self.matches('{HF_SOURCE.pattern}') "
+                    f"|| self.matches('{PVC_SOURCE.pattern}')",
+                    MSG_SOURCE,
+                )
+            ]
+        },
+    )
+    revision: str | None = Field(
+        default=None, description="Branch, tag or commit of an 'hf:' source; the default branch when unset.",
+        max_length=128,
+    )
+    token_secret: SecretKeyRef | None = Field(
+        default=None, description="Secret with a Hugging Face token for gated or private 'hf:' repositories."
+    )
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel("self.source.startsWith('hf:') || (!has(self.revision) && !has(self.tokenSecret))", MSG_HF_ONLY)
+            ]
+        }
+    }
+
+    @field_validator("source")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if value != EMBEDDED_MODEL and not HF_SOURCE.match(value) and not PVC_SOURCE.match(value):
+            raise ValueError(MSG_SOURCE)
+        return value
+
+    @model_validator(mode="after")
+    def _hf_only_fields(self) -> "ModelSource":
+        if not self.source.startswith("hf:") and (self.revision is not None or self.token_secret is not None):
+            raise ValueError(MSG_HF_ONLY)
+        return self
+
+    def parsed(self) -> ParsedSource:
+        if self.source == EMBEDDED_MODEL:
+            return ParsedSource("embedded")
+        if self.source.startswith("hf:"):
+            return ParsedSource("hf", repo=self.source[3:])
+        claim, _, path = self.source[len("pvc://"):].partition("/")
+        return ParsedSource("pvc", claim=claim, path=path)
+
+
+class RuntimeSpec(SpecModel):
+    image: str = Field(default="sluice/runtime:0.1.0", description="Runtime container image.", max_length=512)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="When the kubelet pulls the image."
+    )
+    max_model_len: int = Field(default=2048, ge=16, le=1048576, description="Longest prompt plus output, in tokens.")
+    max_num_seqs: int = Field(default=64, ge=1, le=4096, description="Most sequences decoded together in one step.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        default="float32", description="Weight and activation precision; float32 suits CPUs, bfloat16 most GPUs."
+    )
+    kv_cache_memory: str = Field(
+        default="1Gi", pattern=KV_CACHE_PATTERN, max_length=32,
+        description="Memory reserved for the paged KV cache, in binary units such as 512Mi or 8Gi.",
+    )
+    block_size: int = Field(default=16, ge=1, le=256, description="Tokens per KV-cache block.")
+    prefix_caching: bool = Field(default=True, description="Reuse KV-cache blocks of shared prompt prefixes.")
+    startup_timeout_seconds: int = Field(
+        default=600, ge=30, le=7200,
+        description="How long a pod may take to load the model and warm up before it is restarted.",
+    )
+    args: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Extra command-line arguments appended to `sluice-runtime serve`.",
+        json_schema_extra={"items": {"type": "string", "maxLength": 1024}},
+    )
+
+
+class Toleration(SpecModel):
+    key: str | None = Field(default=None, description="Taint key; empty with Exists matches every taint.", max_length=316)
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="How key and value are compared.")
+    value: str | None = Field(default=None, description="Taint value for the Equal operator.", max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; all effects when unset."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, description="How long a NoExecute taint is tolerated before eviction."
+    )
+
+
+class ResourcesSpec(SpecModel):
+    cpu: Quantity = Field(default="1", description="CPU request and limit of each runtime pod.")
+    memory: Quantity = Field(default="4Gi", description="Memory request and limit of each runtime pod.")
+    gpus: int = Field(default=0, ge=0, le=64, description="nvidia.com/gpu per pod; 0 runs on CPU.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods must match, e.g. a GPU product label."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Taints the pods tolerate, e.g. on GPU nodes."
+    )
+
+
+class Capabilities(SpecModel):
+    tools: bool = Field(default=True, description="The model handles tool calls; the gateway routes tool requests here.")
+    json_schema: bool = Field(default=True, description="Structured output with a JSON schema is supported.")
+    vision: bool = Field(default=False, description="The model accepts image inputs.")
+
+
+class AutoscalingSpec(SpecModel):
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas the autoscaler keeps.")
+    max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas the autoscaler starts.")
+    target_kv_cache_usage: float = Field(
+        default=0.7, gt=0, le=1, alias="targetKVCacheUsage",
+        description="Mean KV-cache usage (0-1) per replica to aim for; above it the model scales up.",
+    )
+    target_waiting_per_replica: float = Field(
+        default=4, gt=0, le=10000,
+        description="Queued requests per replica to aim for; above it the model scales up.",
+    )
+    scale_up_window_seconds: int = Field(
+        default=0, ge=0, le=3600,
+        description="A scale-up takes the lowest recommendation of this window (0 scales up at once).",
+    )
+    scale_down_window_seconds: int = Field(
+        default=300, ge=0, le=86400,
+        description="A scale-down takes the highest recommendation of this window, so brief lulls do not shrink.",
+    )
+
+    model_config = {
+        "json_schema_extra": {"x-kubernetes-validations": [cel("self.minReplicas <= self.maxReplicas", MSG_MIN_MAX)]}
+    }
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "AutoscalingSpec":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(MSG_MIN_MAX)
+        return self
+
+
+def _zero(value: int | str) -> bool:
+    return str(value) in ("0", "0%")
+
+
+class RolloutSpec(SpecModel):
+    max_surge: IntOrPercent = Field(default=1, description="Extra pods started during a rollout (count or percent).")
+    max_unavailable: IntOrPercent = Field(
+        default=0, description="Pods that may be down during a rollout (count or percent); 0 keeps capacity."
+    )
+    termination_grace_period_seconds: int = Field(
+        default=120, ge=1, le=3600,
+        description="How long a stopping pod drains in-flight streams before it is killed.",
+    )
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(
+                    "!(string(self.maxSurge) in ['0', '0%'] && string(self.maxUnavailable) in ['0', '0%'])",
+                    MSG_ROLLOUT,
+                )
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _progress_possible(self) -> "RolloutSpec":
+        if _zero(self.max_surge) and _zero(self.max_unavailable):
+            raise ValueError(MSG_ROLLOUT)
+        return self
+
+
+class InferenceModelSpec(SpecModel):
+    model: ModelSource = Field(description="Where the model weights come from.")
+    served_model_name: str | None = Field(
+        default=None, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        description="Model name the runtime answers to in the OpenAI API; the InferenceModel's name when unset.",
+    )
+    runtime: RuntimeSpec = Field(
+        default_factory=RuntimeSpec, description="Runtime image and engine settings.", json_schema_extra={"default": {}}
+    )
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="Compute of each runtime pod and where it may run.",
+        json_schema_extra={"default": {}},
+    )
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one replica shards the model across.")
+    capabilities: Capabilities = Field(
+        default_factory=Capabilities, description="What the model can do; the gateway routes by it.",
+        json_schema_extra={"default": {}},
+    )
+    replicas: int = Field(
+        default=1, ge=1, le=1000,
+        description="Runtime pods to run; the autoscaler sets it when autoscaling is configured (`kubectl scale` works too).",
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None, description="Scale on KV-cache usage and queued requests; fixed replicas when unset."
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="How a spec change replaces pods.", json_schema_extra={"default": {}}
+    )
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel("self.tensorParallelSize <= 1 || self.resources.gpus >= self.tensorParallelSize", MSG_TP_GPUS)
+            ]
+        }
+    }
+
+    def served_name(self, name: str) -> str:
+        return self.served_model_name or name
+
+    @model_validator(mode="after")
+    def _enough_gpus(self) -> "InferenceModelSpec":
+        if self.tensor_parallel_size > 1 and self.resources.gpus < self.tensor_parallel_size:
+            raise ValueError(MSG_TP_GPUS)
+        return self
+
+
+class AutoscalerMetrics(StatusModel):
+    pods_scraped: int = Field(default=0, description="Ready pods whose /metrics answered.")
+    kv_cache_usage: float | None = Field(default=None, description="Mean KV-cache usage (0-1) of the scraped pods.")
+    waiting: float | None = Field(default=None, description="Queued requests summed over the scraped pods.")
+    running: float | None = Field(default=None, description="Running requests summed over the scraped pods.")
+
+
+class AutoscalerDecision(StatusModel):
+    time: str = Field(description="When the decision was taken (RFC 3339).", max_length=64)
+    action: Literal["ScaleUp", "ScaleDown", "Hold"] = Field(description="What the autoscaler did.")
+    current_replicas: int = Field(description="Replicas before the decision.")
+    desired_replicas: int = Field(description="Replicas after the decision.")
+    reason: str = Field(description="Why, in words.", max_length=1024)
+    metrics: AutoscalerMetrics = Field(default_factory=AutoscalerMetrics, description="The inputs.")
+
+
+class InferenceModelStatus(StatusModel):
+    observed_generation: int | None = Field(default=None, description="The metadata.generation last reconciled.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Progressing and Degraded.", json_schema_extra=conditions_schema_extra()
+    )
+    replicas: int | None = Field(default=None, description="Runtime pods that exist.")
+    ready_replicas: int | None = Field(default=None, description="Runtime pods that pass their readiness probe.")
+    endpoints: int | None = Field(default=None, description="Ready endpoints published in the routing table.")
+    selector: str | None = Field(default=None, description="Label selector of the pods, for the scale subresource.")
+    autoscaler: AutoscalerDecision | None = Field(default=None, description="The autoscaler's last decision.")
+
+
+class InferenceModel:
+    """Names the API server knows this kind by."""
+
+    kind: ClassVar[str] = "InferenceModel"
+    plural: ClassVar[str] = "inferencemodels"
+    singular: ClassVar[str] = "inferencemodel"
+    short_names: ClassVar[list[str]] = ["im"]
+    spec: ClassVar[type] = InferenceModelSpec
+    status: ClassVar[type] = InferenceModelStatus
+    description: ClassVar[str] = (
+        "A served model: Sluice runs its runtime pods (Deployment, Service, PodDisruptionBudget), "
+        "publishes their ready endpoints to the gateway's routing table and scales them on load."
+    )
+    printer_columns: ClassVar[list[dict]] = [
+        {"name": "Model", "type": "string", "jsonPath": ".spec.model.source"},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Endpoints", "type": "integer", "jsonPath": ".status.endpoints"},
+        {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    root_rules: ClassVar[list[dict]] = [
+        cel("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", MSG_NAME)
+    ]
+    scale: ClassVar[dict | None] = {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }

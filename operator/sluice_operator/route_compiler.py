@@ -1,0 +1,153 @@
+"""ModelRoutes + InferenceModels + ready endpoints → the gateway's routing table, and each route's verdict.
+
+Pure: the handlers collect the inputs from the API server and write the outputs back.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from sluice_gateway.routing_table import Backend, Capabilities, Route, RoutingTable
+
+from .crd import RUNTIME_PORT, InferenceModelSpec, ModelRouteSpec
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+@dataclass(frozen=True)
+class RouteVerdict:
+    """What the compiler found for one ModelRoute; the handlers turn it into status conditions."""
+
+    ready: bool
+    reason: str
+    message: str
+    endpoints: int
+    ready_backends: int
+
+
+@dataclass(frozen=True)
+class Compiled:
+    table: RoutingTable
+    verdicts: dict[str, RouteVerdict]
+
+
+def _url(address: str, port: int) -> str:
+    try:
+        is_v6 = ipaddress.ip_address(address).version == 6
+    except ValueError:
+        is_v6 = False
+    return f"http://[{address}]:{port}" if is_v6 else f"http://{address}:{port}"
+
+
+def ready_endpoints(slices: Iterable[Mapping[str, Any]], draining_pods: frozenset[str] = frozenset()) -> dict[str, list[str]]:
+    """EndpointSlices → service name → sorted ready URLs, leaving out pods the autoscaler is draining."""
+    found: dict[str, set[str]] = {}
+    for eps in slices:
+        service = (eps.get("metadata", {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
+        if not service:
+            continue
+        ports = eps.get("ports") or []
+        port = next((p.get("port") for p in ports if p.get("name") == "http" and p.get("port")), RUNTIME_PORT)
+        urls = found.setdefault(service, set())
+        for endpoint in eps.get("endpoints") or []:
+            conditions = endpoint.get("conditions") or {}
+            # The EndpointSlice API says an unset `ready` means ready.
+            if conditions.get("ready") is False or conditions.get("terminating"):
+                continue
+            if (endpoint.get("targetRef") or {}).get("name") in draining_pods:
+                continue
+            urls.update(_url(address, port) for address in endpoint.get("addresses") or [])
+    return {service: sorted(urls) for service, urls in found.items()}
+
+
+def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mapping[str, list[str]]) -> Backend:
+    return Backend(
+        name=name,
+        served_model_name=spec.served_name(name),
+        weight=weight,
+        endpoints=tuple(endpoints.get(name, ())),
+        capabilities=Capabilities(
+            max_model_len=spec.runtime.max_model_len,
+            tools=spec.capabilities.tools,
+            json_schema=spec.capabilities.json_schema,
+            vision=spec.capabilities.vision,
+        ),
+    )
+
+
+def compile_routes(
+    models: Mapping[str, InferenceModelSpec],
+    routes: Mapping[str, ModelRouteSpec],
+    endpoints: Mapping[str, list[str]],
+    previous: RoutingTable | None = None,
+) -> Compiled:
+    """Every InferenceModel is routable under its own name; each ModelRoute adds its public name on top."""
+    table: dict[str, Route] = {
+        name: Route(affinity="prefix", backends=(_backend(name, spec, 1, endpoints),))
+        for name, spec in sorted(models.items())
+    }
+    verdicts: dict[str, RouteVerdict] = {}
+    owners: dict[str, str] = {}
+    pending_fallbacks: dict[str, tuple[str, list[str]]] = {}
+    for route_name, spec in sorted(routes.items()):
+        if spec.model in owners:
+            verdicts[route_name] = RouteVerdict(
+                False, "NameConflict",
+                f"public model name {spec.model!r} is already served by ModelRoute {owners[spec.model]!r}", 0, 0,
+            )
+            continue
+        missing = [b.inference_model for b in spec.backends if b.inference_model not in models]
+        backends = tuple(
+            _backend(b.inference_model, models[b.inference_model], b.weight, endpoints)
+            for b in spec.backends
+            if b.inference_model in models
+        )
+        if not backends or sum(b.weight for b in backends) == 0:
+            verdicts[route_name] = RouteVerdict(
+                False, "BackendsMissing",
+                f"no InferenceModel with a weight above 0 exists; missing: {', '.join(missing) or 'none'}", 0, 0,
+            )
+            continue
+        owners[spec.model] = route_name
+        table[spec.model] = Route(affinity=spec.affinity, backends=backends)
+        pending_fallbacks[route_name] = (spec.model, missing)
+    for route_name, (public_name, missing) in pending_fallbacks.items():
+        spec = routes[route_name]
+        unknown = [f for f in spec.fallbacks if f not in table]
+        route = table[public_name]
+        fallbacks = tuple(f for f in spec.fallbacks if f in table)
+        table[public_name] = route.model_copy(update={"fallbacks": fallbacks})
+        verdicts[route_name] = _verdict(route.backends, missing, unknown)
+    compiled = RoutingTable(generation=0, routes=dict(sorted(table.items())))
+    generation = _next_generation(previous, compiled)
+    return Compiled(compiled.model_copy(update={"generation": generation}), verdicts)
+
+
+def _verdict(backends: tuple[Backend, ...], missing: list[str], unknown_fallbacks: list[str]) -> RouteVerdict:
+    endpoint_count = sum(len(b.endpoints) for b in backends)
+    ready_backends = sum(1 for b in backends if b.endpoints)
+    if missing:
+        return RouteVerdict(
+            False, "BackendsMissing", f"InferenceModel not found: {', '.join(missing)}", endpoint_count, ready_backends
+        )
+    if unknown_fallbacks:
+        return RouteVerdict(
+            False, "FallbackMissing", f"fallback route not found: {', '.join(unknown_fallbacks)}",
+            endpoint_count, ready_backends,
+        )
+    if endpoint_count == 0:
+        return RouteVerdict(False, "NoReadyEndpoints", "no backend has a ready endpoint yet", 0, 0)
+    return RouteVerdict(
+        True, "Routable", f"{endpoint_count} ready endpoints across {ready_backends} of {len(backends)} backends",
+        endpoint_count, ready_backends,
+    )
+
+
+def _next_generation(previous: RoutingTable | None, compiled: RoutingTable) -> int:
+    """The generation moves only when the routes change, so recompiling the same inputs writes nothing."""
+    if previous is None:
+        return 1
+    if previous.routes == compiled.routes:
+        return previous.generation
+    return previous.generation + 1

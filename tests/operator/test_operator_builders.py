@@ -1,0 +1,123 @@
+"""InferenceModel spec → Deployment, Service and PodDisruptionBudget."""
+import pytest
+
+from sluice_operator.builders import Owner, build_all, build_deployment, selector_string
+from sluice_operator.crd import InferenceModelSpec
+
+OWNER = Owner(name="smollm2", namespace="demo", uid="0b7e4c1e-1111-2222-3333-444455556666")
+
+
+def _spec(**fields):
+    return InferenceModelSpec.model_validate({"model": {"source": "smollm2"}, **fields})
+
+
+def _container(deployment):
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _flag(args, name):
+    return args[args.index(name) + 1]
+
+
+def test_every_object_is_owned_and_selects_the_same_pods():
+    objects = build_all(OWNER, _spec())
+    assert [o["kind"] for o in objects] == ["Service", "PodDisruptionBudget", "Deployment"]
+    for obj in objects:
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref["uid"] == OWNER.uid and ref["controller"] is True and ref["kind"] == "InferenceModel"
+        assert obj["metadata"]["namespace"] == "demo" and obj["metadata"]["name"] == "smollm2"
+    service, pdb, deployment = objects
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for selector in (service["spec"]["selector"], pdb["spec"]["selector"]["matchLabels"],
+                     deployment["spec"]["selector"]["matchLabels"]):
+        assert selector.items() <= pod_labels.items()
+    assert selector_string("smollm2") == ",".join(f"{k}={v}" for k, v in sorted(service["spec"]["selector"].items()))
+
+
+def test_runtime_args_follow_the_spec():
+    spec = _spec(
+        servedModelName="tiny",
+        runtime={"maxModelLen": 4096, "maxNumSeqs": 8, "dtype": "bfloat16", "kvCacheMemory": "512Mi",
+                 "blockSize": 32, "prefixCaching": False, "args": ["--seed", "7"]},
+    )
+    container = _container(build_deployment(OWNER, spec))
+    args = container["args"]
+    assert container["command"] == ["sluice-runtime"] and args[0] == "serve"
+    assert _flag(args, "--model") == "smollm2"
+    assert _flag(args, "--port") == "8000" and _flag(args, "--host") == "0.0.0.0"
+    assert _flag(args, "--served-model-name") == "tiny"
+    assert _flag(args, "--max-model-len") == "4096" and _flag(args, "--max-num-seqs") == "8"
+    assert _flag(args, "--dtype") == "bfloat16" and _flag(args, "--kv-cache-memory") == "512MiB"
+    assert _flag(args, "--block-size") == "32" and "--no-prefix-caching" in args
+    assert args[-2:] == ["--seed", "7"]
+
+
+def test_served_name_defaults_to_the_resource_name():
+    args = _container(build_deployment(OWNER, _spec()))["args"]
+    assert _flag(args, "--served-model-name") == "smollm2" and "--no-prefix-caching" not in args
+
+
+def test_probes_cover_loading_liveness_and_readiness():
+    container = _container(build_deployment(OWNER, _spec(runtime={"startupTimeoutSeconds": 900})))
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/ready"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 900
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert "sleep" in container["lifecycle"]["preStop"]
+
+
+def test_pvc_source_mounts_the_claim_read_only():
+    deployment = build_deployment(OWNER, _spec(model={"source": "pvc://weights/llama/8b"}))
+    pod = deployment["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    assert volume["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    mount = next(m for m in _container(deployment)["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["readOnly"] and _flag(_container(deployment)["args"], "--model") == f"{mount['mountPath']}/llama/8b"
+
+
+def test_hf_source_gets_cache_token_and_revision():
+    spec = _spec(model={"source": "hf:org/model", "revision": "v2", "tokenSecret": {"name": "hf"}})
+    container = _container(build_deployment(OWNER, spec))
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "HF_TOKEN"}
+    assert env["HF_HOME"]["value"].startswith(next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "cache"))
+    assert _flag(container["args"], "--model") == "hf:org/model" and _flag(container["args"], "--revision") == "v2"
+
+
+def test_gpus_placement_and_rollout():
+    spec = _spec(
+        model={"source": "hf:org/model"},
+        tensorParallelSize=2,
+        resources={"gpus": 2, "cpu": 8, "memory": "64Gi", "nodeSelector": {"gpu": "h100"},
+                   "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        rollout={"maxSurge": 0, "maxUnavailable": 1, "terminationGracePeriodSeconds": 300},
+        replicas=3,
+    )
+    deployment = build_deployment(OWNER, spec)
+    pod = deployment["spec"]["template"]["spec"]
+    resources = _container(deployment)["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == 2 and resources["requests"]["cpu"] == "8"
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["terminationGracePeriodSeconds"] == 300
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["volumes"])
+    assert _flag(_container(deployment)["args"], "--tensor-parallel-size") == "2"
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_cpu_pods_request_no_gpu_and_are_scraped():
+    deployment = build_deployment(OWNER, _spec())
+    assert "nvidia.com/gpu" not in _container(deployment)["resources"]["limits"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == "8000"
+
+
+@pytest.mark.parametrize("change", [{"runtime": {"maxNumSeqs": 16}}, {"model": {"source": "hf:org/other"}}])
+def test_a_spec_change_changes_the_pod_template(change):
+    before = build_deployment(OWNER, _spec())["spec"]["template"]
+    after = build_deployment(OWNER, _spec(**change))["spec"]["template"]
+    assert before != after
+    assert build_deployment(OWNER, _spec())["spec"]["template"] == before

@@ -1,0 +1,97 @@
+"""ModelRoutes + InferenceModels + EndpointSlices → the gateway's routing table."""
+from sluice_gateway.routing_table import parse_routing_table
+
+from sluice_operator.crd import InferenceModelSpec, ModelRouteSpec
+from sluice_operator.route_compiler import compile_routes, ready_endpoints
+
+
+def _model(**fields):
+    return InferenceModelSpec.model_validate({"model": {"source": "smollm2"}, **fields})
+
+
+def _route(model, backends, **fields):
+    return ModelRouteSpec.model_validate({"model": model, "backends": backends, **fields})
+
+
+def _slice(service, endpoints, port=8000):
+    return {
+        "metadata": {"labels": {"kubernetes.io/service-name": service}},
+        "ports": [{"name": "http", "port": port}],
+        "endpoints": endpoints,
+    }
+
+
+def _ep(address, pod, ready=True, terminating=False):
+    return {"addresses": [address], "conditions": {"ready": ready, "terminating": terminating},
+            "targetRef": {"kind": "Pod", "name": pod}}
+
+
+def test_only_ready_not_draining_endpoints_are_published():
+    slices = [
+        _slice("v1", [_ep("10.0.0.2", "v1-a"), _ep("10.0.0.1", "v1-b"), _ep("10.0.0.3", "v1-c", ready=False)]),
+        _slice("v1", [_ep("10.0.0.4", "v1-d", terminating=True), _ep("fd00::5", "v1-e")]),
+        _slice("v2", [_ep("10.0.1.1", "v2-a"), _ep("10.0.1.2", "v2-b")]),
+        {"metadata": {"labels": {}}, "endpoints": [_ep("10.9.9.9", "stranger")]},
+    ]
+    found = ready_endpoints(slices, draining_pods=frozenset({"v2-b"}))
+    assert found == {
+        "v1": ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::5]:8000"],
+        "v2": ["http://10.0.1.1:8000"],
+    }
+
+
+def test_routes_carry_weights_capabilities_and_fallbacks():
+    models = {"v1": _model(servedModelName="smol", runtime={"maxModelLen": 4096}),
+              "v2": _model(capabilities={"tools": False})}
+    routes = {"chat": _route("chat", [{"inferenceModel": "v1", "weight": 90}, {"inferenceModel": "v2", "weight": 10}],
+                             fallbacks=["small"], affinity="session"),
+              "small": _route("small", [{"inferenceModel": "v2"}])}
+    compiled = compile_routes(models, routes, {"v1": ["http://10.0.0.1:8000"]})
+    table = parse_routing_table(compiled.table.to_json())
+    chat = table.route("chat")
+    assert chat.affinity == "session" and chat.fallbacks == ("small",)
+    assert [(b.name, b.weight, b.served_model_name) for b in chat.backends] == [("v1", 90, "smol"), ("v2", 10, "v2")]
+    assert chat.backends[0].endpoints == ("http://10.0.0.1:8000",)
+    assert chat.backends[0].capabilities.max_model_len == 4096 and not chat.backends[1].capabilities.tools
+    assert table.route("v2").backends[0].name == "v2", "each InferenceModel is routable under its own name"
+    assert compiled.verdicts["chat"].ready and compiled.verdicts["chat"].endpoints == 1
+    assert not compiled.verdicts["small"].ready and compiled.verdicts["small"].reason == "NoReadyEndpoints"
+
+
+def test_a_missing_model_is_named_and_the_rest_still_routes():
+    compiled = compile_routes({"v1": _model()}, {"chat": _route("chat", [{"inferenceModel": "v1"},
+                                                                          {"inferenceModel": "ghost"}])},
+                              {"v1": ["http://10.0.0.1:8000"]})
+    verdict = compiled.verdicts["chat"]
+    assert not verdict.ready and verdict.reason == "BackendsMissing" and "ghost" in verdict.message
+    assert [b.name for b in compiled.table.routes["chat"].backends] == ["v1"]
+
+
+def test_a_route_with_no_existing_backend_is_left_out():
+    compiled = compile_routes({}, {"chat": _route("chat", [{"inferenceModel": "ghost"}])}, {})
+    assert "chat" not in compiled.table.routes
+    assert "ghost" in compiled.verdicts["chat"].message
+
+
+def test_unknown_fallbacks_are_dropped_and_reported():
+    compiled = compile_routes({"v1": _model()}, {"chat": _route("chat", [{"inferenceModel": "v1"}],
+                                                                fallbacks=["v1", "nowhere"])}, {})
+    assert compiled.table.routes["chat"].fallbacks == ("v1",)
+    assert compiled.verdicts["chat"].reason == "FallbackMissing" and "nowhere" in compiled.verdicts["chat"].message
+
+
+def test_two_routes_cannot_claim_one_public_name():
+    models = {"v1": _model()}
+    compiled = compile_routes(models, {"a": _route("chat", [{"inferenceModel": "v1"}]),
+                                       "b": _route("chat", [{"inferenceModel": "v1"}])}, {})
+    assert compiled.verdicts["b"].reason == "NameConflict" and "'a'" in compiled.verdicts["b"].message
+
+
+def test_generation_moves_only_when_the_routes_change():
+    models = {"v1": _model()}
+    first = compile_routes(models, {}, {"v1": ["http://10.0.0.1:8000"]}).table
+    assert first.generation == 1
+    same = compile_routes(models, {}, {"v1": ["http://10.0.0.1:8000"]}, previous=first).table
+    assert same.generation == 1 and same.to_json() == first.to_json()
+    moved = compile_routes(models, {}, {"v1": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]}, previous=same).table
+    assert moved.generation == 2
