@@ -89,6 +89,9 @@ class GatewayConfig(_Strict):
     default_max_tokens: int = Field(
         default=512, gt=0, description="Tokens reserved for output when a request sets no max_tokens."
     )
+    routes_file: Path | None = Field(
+        default=None, description="Routing table used when --routes is not given; relative to this file."
+    )
     redis: RedisSettings | None = None
     routing: Routing = Routing()
     admin_keys: tuple[ApiKey, ...] = ()
@@ -118,9 +121,12 @@ def load_config(path: str | Path) -> GatewayConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"gateway config {path} is not valid YAML: {exc}") from None
     try:
-        return GatewayConfig.model_validate(data or {})
+        config = GatewayConfig.model_validate(data or {})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"invalid gateway config {path}: {problems}") from None
+    if config.routes_file is not None and not config.routes_file.is_absolute():
+        config = config.model_copy(update={"routes_file": Path(path).parent / config.routes_file})
+    return config

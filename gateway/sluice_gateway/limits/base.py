@@ -56,6 +56,7 @@ class Decision:
     rejected: str | None = None  # "requests", "tokens" or "concurrency"
     retry_after_s: float = 0.0
     message: str = ""
+    degraded: bool = False  # admitted without checking because the shared store is down (fail open)
 
     @property
     def retry_after_header(self) -> bytes:

@@ -135,7 +135,7 @@ class RedisLimiter(Limiter):
             if not self._fail_open:
                 raise LimiterUnavailable(f"rate-limit store unreachable: {type(exc).__name__}") from None
             log.warning("redis unreachable, admitting tenant %s without limits (on_failure: open)", tenant)
-            return Decision(grant=Grant(tenant, None, 0, 0, Usage()), usage=Usage())
+            return Decision(grant=Grant(tenant, None, 0, 0, Usage()), usage=Usage(), degraded=True)
         usage = Usage(
             rpm, (rpm or 0) - req_used, req_reset / 1000,
             tpm, (tpm or 0) - tok_used, tok_reset / 1000,

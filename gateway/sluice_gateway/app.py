@@ -1,0 +1,355 @@
+"""The gateway's HTTP front: a plain ASGI app (no framework on the hot path, for latency).
+
+Request path: auth → body → parse → route lookup → model permission → limits → pick and forward.
+Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
+access-log line (with the key's id, never the key).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .auth import KeyStore, Principal
+from .config import GatewayConfig
+from .errors import GatewayError
+from .limits import Grant, Limiter, LimiterUnavailable
+from .limits.memory import MemoryLimiter
+from .limits.redis import RedisLimiter
+from .load_poller import LoadPoller
+from .metrics import GatewayMetrics
+from .picker import Picker
+from .proxy import Outcome, Upstream
+from .reloader import RoutesReloader
+from .request import parse_request
+from .routing_table import RoutingTable
+
+log = logging.getLogger("sluice_gateway")
+access_log = logging.getLogger("sluice_gateway.access")
+
+_PROXIED = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/embeddings": "embedding",
+}
+_JSON = (b"content-type", b"application/json")
+
+
+class _ClientGone(Exception):
+    """The client disconnected while the gateway was still reading its request."""
+
+
+class GatewayApp:
+    def __init__(self, config: GatewayConfig, routes_path: Path | None) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.keys = KeyStore(config)
+        self.picker = Picker(config.routing)
+        self.upstream = Upstream(config.timeouts, self.picker, self.metrics)
+        self.limiter: Limiter = (
+            RedisLimiter(config.redis, lease_ttl_s=config.timeouts.total_s + 60)
+            if config.redis is not None else MemoryLimiter()
+        )
+        self.table = RoutingTable()
+        self._reloader = (
+            RoutesReloader(routes_path, config.routing.reload_interval_s, self.apply_table,
+                           self.metrics.table_rejections.inc)
+            if routes_path is not None else None
+        )
+        if self._reloader is not None:
+            self.apply_table(self._reloader.load_now())
+        self._tasks: list[asyncio.Task] = []
+        self._ready = False
+
+    def apply_table(self, table: RoutingTable) -> None:
+        self.picker.sync(table)
+        self.table = table
+        self.metrics.table_generation.set(table.generation)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def startup(self) -> None:
+        await self.upstream.start()
+        poller = LoadPoller(
+            self.picker, self.metrics, self.config.routing.poll_interval_s, self.config.routing.poll_timeout_s
+        )
+        self._tasks.append(asyncio.create_task(poller.run(self.upstream.session)))
+        if self._reloader is not None:
+            self._tasks.append(asyncio.create_task(self._reloader.run()))
+        self._ready = True
+
+    async def shutdown(self) -> None:
+        self._ready = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.upstream.close()
+        await self.limiter.close()
+
+    # -- ASGI --------------------------------------------------------------------------------------------
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started = time.perf_counter()
+        headers = dict(scope["headers"])
+        request_id = headers.get(b"x-request-id") or uuid.uuid4().hex.encode()
+        path, method = scope["path"], scope["method"]
+        kind = _PROXIED.get(path)
+        if kind is not None and method == "POST":
+            await self._proxy(kind, path, headers, request_id, started, receive, send)
+            return
+        try:
+            if method != "GET" and (kind is not None or path in _GET_ROUTES):
+                raise GatewayError(405, f"{method} is not allowed on {path}")
+            handler = _GET_ROUTES.get(path)
+            if handler is None:
+                raise GatewayError(404, f"no such endpoint: {path}", code="unknown_url")
+            status, body, content_type = handler(self, headers)
+        except GatewayError as err:
+            status, body, content_type = err.status, err.body(), b"application/json"
+        await _send_all(send, status, body, [(b"content-type", content_type), (b"x-request-id", request_id)], started)
+
+    # -- the proxied endpoints ---------------------------------------------------------------------------
+    async def _proxy(
+        self, kind: str, path: str, headers: dict[bytes, bytes], request_id: bytes, started: float,
+        receive: Any, send: Any,
+    ) -> None:
+        outcome = Outcome()
+        principal: Principal | None = None
+        grant: Grant | None = None
+        response_headers = [(b"x-request-id", request_id)]
+        self.metrics.in_flight.inc()
+        try:
+            principal = self._principal(headers)
+            body = await _read_body(receive, headers, self.config.max_body_bytes)
+            parsed = parse_request(
+                body, kind=kind, default_max_tokens=self.config.default_max_tokens,
+                prefix_chars=self.config.routing.prefix_chars,
+            )
+            table = self.table
+            route = table.route(parsed.model)
+            if route is None:
+                raise GatewayError(
+                    404, f"The model '{parsed.model}' does not exist", param="model", code="model_not_found"
+                )
+            outcome.route = parsed.model
+            if not principal.may_use(parsed.model):
+                raise GatewayError(403, f"Your key may not use the model '{parsed.model}'",
+                                   param="model", code="model_not_allowed")
+            grant = await self._admit(principal, parsed.estimated_tokens, response_headers)
+            strip_usage = parsed.stream and not parsed.client_wants_usage
+            if strip_usage:
+                # Usage lets the limiter settle the real token count; the client did not ask, so it is dropped.
+                parsed.payload["stream_options"] = {"include_usage": True}
+            session = headers.get(self.config.routing.session_header.encode())
+            user = parsed.payload.get("user")
+            sticky = session.decode(errors="replace") if session else (user if isinstance(user, str) else None)
+            attempts = self.picker.plan(
+                table, parsed.model, prefix=parsed.prefix if route.affinity == "prefix" else None, session=sticky
+            )
+            await self._forward_until_disconnect(
+                attempts, path, parsed.payload, parsed.stream, strip_usage, request_id, started,
+                response_headers, receive, send, outcome,
+            )
+        except GatewayError as err:
+            outcome.status = err.status
+            outcome.overhead_s = time.perf_counter() - started
+            await _send_all(send, err.status, err.body(), [_JSON, *response_headers, *err.headers], started)
+        except _ClientGone:
+            outcome.status = 499
+            self.metrics.client_disconnects.inc()
+        finally:
+            self.metrics.in_flight.dec()
+            if grant is not None:
+                await self.limiter.finish(grant, _total_tokens(outcome))
+            self._record(principal, outcome, request_id, started)
+
+    def _principal(self, headers: dict[bytes, bytes]) -> Principal:
+        authorization = headers.get(b"authorization")
+        principal = self.keys.authenticate(authorization.decode(errors="replace") if authorization else None)
+        if principal is None:
+            message = ("Missing API key: send it as 'Authorization: Bearer KEY'" if not authorization
+                       else "Incorrect API key provided")
+            raise GatewayError(401, message, code="invalid_api_key")
+        return principal
+
+    async def _admit(self, principal: Principal, tokens: int, response_headers: list) -> Grant:
+        try:
+            decision = await self.limiter.acquire(principal.tenant, principal.limits, tokens)
+        except LimiterUnavailable as exc:
+            self.metrics.limiter_errors.inc()
+            raise GatewayError(503, f"{exc}; try again shortly", code="limiter_unavailable",
+                               headers=[(b"retry-after", b"1")]) from None
+        if decision.degraded:
+            self.metrics.limiter_errors.inc()
+        response_headers.extend(decision.usage.headers())
+        if decision.grant is None:
+            self.metrics.limit_rejections.labels(principal.tenant, decision.rejected).inc()
+            raise GatewayError(429, decision.message, code="rate_limit_exceeded",
+                               headers=[(b"retry-after", decision.retry_after_header)])
+        return decision.grant
+
+    async def _forward_until_disconnect(
+        self, attempts: Any, path: str, payload: dict, stream: bool, strip_usage: bool, request_id: bytes,
+        started: float, response_headers: list, receive: Any, send: Any, outcome: Outcome,
+    ) -> None:
+        """Forward, cancelling the upstream work as soon as the client disconnects (also before any byte)."""
+        task = asyncio.current_task()
+        client_left = False
+
+        async def watch() -> None:
+            nonlocal client_left
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not outcome.responded:
+                client_left = True
+                task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self.upstream.forward(
+                attempts, self.config.routing.max_attempts, path, payload, stream=stream, strip_usage=strip_usage,
+                request_id=request_id.decode(errors="replace"), started=started,
+                response_headers=response_headers, send=send, outcome=outcome,
+            )
+        except asyncio.CancelledError:
+            if not client_left:
+                raise
+            task.uncancel()
+            outcome.status = 499
+            self.metrics.client_disconnects.inc()
+        finally:
+            watcher.cancel()
+
+    def _record(self, principal: Principal | None, outcome: Outcome, request_id: bytes, started: float) -> None:
+        tenant = principal.tenant if principal else ""
+        self.metrics.requests.labels(outcome.route, outcome.backend, tenant, str(outcome.status)).inc()
+        self.metrics.overhead.observe(outcome.overhead_s)
+        if outcome.prompt_tokens is not None:
+            self.metrics.tokens.labels(tenant, "prompt").inc(outcome.prompt_tokens)
+            self.metrics.tokens.labels(tenant, "completion").inc(outcome.completion_tokens or 0)
+        if self.config.access_log:
+            access_log.info(json.dumps({
+                "request_id": request_id.decode(errors="replace"),
+                "tenant": tenant,
+                "key_id": principal.key_id if principal else None,
+                "route": outcome.route,
+                "backend": outcome.backend,
+                "endpoint": outcome.endpoint,
+                "status": outcome.status,
+                "attempts": outcome.attempts,
+                "prompt_tokens": outcome.prompt_tokens,
+                "completion_tokens": outcome.completion_tokens,
+                "finish_reason": outcome.finish_reason,
+                "overhead_ms": round(outcome.overhead_s * 1000, 3),
+                "upstream_ms": _ms(outcome.upstream_s),
+                "ttft_ms": _ms(outcome.ttft_s),
+                "total_ms": round((time.perf_counter() - started) * 1000, 3),
+            }))
+
+    # -- plain endpoints ---------------------------------------------------------------------------------
+    def _models(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
+        principal = self._principal(headers)
+        names = [n for n in self.table.public_names() if principal.may_use(n)]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "sluice"} for n in names]
+        return 200, json.dumps({"object": "list", "data": data}).encode(), b"application/json"
+
+    def _health(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
+        return 200, b'{"status":"ok"}', b"application/json"
+
+    def _readiness(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
+        if not self._ready:
+            raise GatewayError(503, "gateway is starting", code="not_ready")
+        body = {"status": "ready", "generation": self.table.generation, "routes": len(self.table.routes)}
+        return 200, json.dumps(body).encode(), b"application/json"
+
+    def _prometheus(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
+        return 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode()
+
+    def _admin(self, headers: dict[bytes, bytes]) -> Principal:
+        principal = self._principal(headers)
+        if not principal.admin:
+            raise GatewayError(403, "this endpoint needs an admin key", code="admin_only")
+        return principal
+
+    def _admin_routes(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
+        self._admin(headers)
+        return 200, self.table.to_json().encode(), b"application/json"
+
+    def _admin_endpoints(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
+        self._admin(headers)
+        now = time.monotonic()
+        data = [
+            {"url": s.url, "available": s.available(now), "healthy": s.healthy, "waiting": s.waiting,
+             "running": s.running, "kv_cache_usage": s.kv_cache_usage, "in_flight": s.in_flight,
+             "ejected_for_s": round(max(s.ejected_until - now, 0.0), 3)}
+            for s in self.picker.endpoints()
+        ]
+        return 200, json.dumps({"endpoints": data}).encode(), b"application/json"
+
+
+_GET_ROUTES = {
+    "/v1/models": GatewayApp._models,
+    "/health": GatewayApp._health,
+    "/ready": GatewayApp._readiness,
+    "/metrics": GatewayApp._prometheus,
+    "/admin/routes": GatewayApp._admin_routes,
+    "/admin/endpoints": GatewayApp._admin_endpoints,
+}
+
+
+async def _read_body(receive: Any, headers: dict[bytes, bytes], limit: int) -> bytes:
+    too_large = GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes")
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _send_all(send: Any, status: int, body: bytes, headers: list, started: float) -> None:
+    overhead = f"{(time.perf_counter() - started) * 1000:.3f}".encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        *headers, (b"content-length", str(len(body)).encode()), (b"x-sluice-overhead-ms", overhead),
+    ]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _total_tokens(outcome: Outcome) -> int | None:
+    if outcome.prompt_tokens is None:
+        return None
+    return outcome.prompt_tokens + (outcome.completion_tokens or 0)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)

@@ -1,0 +1,77 @@
+"""Prometheus metrics of the gateway (`sluice_gateway_…`), in a registry of its own.
+
+Label values come only from the config (tenants) and the routing table (routes, backends, endpoints), so
+series stay bounded; endpoint series are removed when the endpoint leaves the table.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+_SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "sluice_gateway_requests", "Requests answered, by route, backend, tenant and HTTP status.",
+            ["route", "backend", "tenant", "status"], registry=r,
+        )
+        self.overhead = Histogram(
+            "sluice_gateway_overhead_seconds", "Time the gateway itself adds to a request.", buckets=_FAST, registry=r
+        )
+        self.upstream_latency = Histogram(
+            "sluice_gateway_upstream_latency_seconds", "Upstream time to response headers.",
+            ["route", "backend"], buckets=_SLOW, registry=r,
+        )
+        self.ttft = Histogram(
+            "sluice_gateway_time_to_first_token_seconds", "Time to the first streamed event, as clients see it.",
+            ["route", "backend"], buckets=_SLOW, registry=r,
+        )
+        self.tokens = Counter(
+            "sluice_gateway_tokens", "Tokens by tenant and direction (prompt or completion).",
+            ["tenant", "direction"], registry=r,
+        )
+        self.limit_rejections = Counter(
+            "sluice_gateway_limit_rejections", "Requests refused by a tenant limit.", ["tenant", "limit"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "sluice_gateway_upstream_errors", "Failed upstream attempts by backend and kind.",
+            ["backend", "kind"], registry=r,
+        )
+        self.retries = Counter(
+            "sluice_gateway_retries", "Attempts on another endpoint before the first byte.", ["route"], registry=r
+        )
+        self.client_disconnects = Counter(
+            "sluice_gateway_client_disconnects", "Requests whose client left before the response ended.", registry=r
+        )
+        self.in_flight = Gauge("sluice_gateway_requests_in_flight", "Requests being proxied now.", registry=r)
+        self.endpoint_load = Gauge(
+            "sluice_gateway_endpoint_load", "Endpoint load as last polled from its /load.",
+            ["endpoint", "field"], registry=r,
+        )
+        self.endpoint_up = Gauge(
+            "sluice_gateway_endpoint_up", "1 when the endpoint's last /load poll succeeded.", ["endpoint"], registry=r
+        )
+        self.table_generation = Gauge(
+            "sluice_gateway_routing_table_generation", "Generation of the routing table in force.", registry=r
+        )
+        self.table_rejections = Counter(
+            "sluice_gateway_routing_table_rejections", "Routing tables rejected as malformed.", registry=r
+        )
+        self.limiter_errors = Counter(
+            "sluice_gateway_limiter_errors", "Rate-limit store failures (Redis unreachable).", registry=r
+        )
+
+    def forget_endpoint(self, url: str) -> None:
+        for field in ("waiting", "running", "kv_cache_usage"):
+            try:
+                self.endpoint_load.remove(url, field)
+            except KeyError:
+                pass
+        try:
+            self.endpoint_up.remove(url)
+        except KeyError:
+            pass

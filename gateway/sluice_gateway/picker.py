@@ -1,0 +1,192 @@
+"""Which backend and endpoint serve a request, and the endpoint health and load that decision uses.
+
+Backends are chosen by weight (canary), optionally sticky per session. Within a backend an endpoint is
+chosen by load (last polled `/load` plus this replica's own in-flight count), by consistent hashing with
+bounded load over a prompt-prefix hash (prefix affinity: the same prefix lands where its KV blocks are
+cached, unless that endpoint is overloaded), or by a session hash (session affinity). Nothing is kept per
+prefix or per session: state is per endpoint and per backend, both bounded by the routing table.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .config import Routing
+from .routing_table import Backend, Route, RoutingTable
+
+_VNODES = 64
+
+
+def stable_hash(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+@dataclass(slots=True)
+class EndpointState:
+    url: str
+    waiting: int = 0
+    running: int = 0
+    kv_cache_usage: float = 0.0
+    in_flight: int = 0
+    healthy: bool = True
+    failures: int = 0
+    ejected_until: float = 0.0
+    polled_at: float = 0.0
+
+    def available(self, now: float) -> bool:
+        return self.healthy and self.ejected_until <= now
+
+    def score(self) -> float:
+        # Queued requests cost the most (they wait for a slot); a nearly full KV cache means preemptions soon.
+        return 2 * self.waiting + self.running + self.in_flight + 4 * self.kv_cache_usage
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    route: str
+    backend: Backend
+    endpoint: EndpointState
+
+
+class _Ring:
+    """Consistent-hash ring over one backend's endpoints, with virtual nodes for an even spread."""
+
+    __slots__ = ("points", "owners")
+
+    def __init__(self, endpoints: tuple[str, ...]) -> None:
+        nodes = sorted((stable_hash(f"{url}#{i}".encode()), url) for url in endpoints for i in range(_VNODES))
+        self.points = [p for p, _ in nodes]
+        self.owners = [u for _, u in nodes]
+
+    def walk(self, key: int) -> Iterator[str]:
+        start = bisect.bisect(self.points, key)
+        seen: set[str] = set()
+        n = len(self.points)
+        for i in range(n):
+            url = self.owners[(start + i) % n]
+            if url not in seen:
+                seen.add(url)
+                yield url
+
+
+class Picker:
+    def __init__(self, settings: Routing) -> None:
+        self._settings = settings
+        self._endpoints: dict[str, EndpointState] = {}
+        self._rings: dict[tuple[str, ...], _Ring] = {}
+
+    # -- table and health bookkeeping -------------------------------------------------------------------
+    def sync(self, table: RoutingTable) -> None:
+        """Track exactly the endpoints of this table: new ones start healthy, removed ones are forgotten."""
+        wanted = table.endpoints()
+        for url in list(self._endpoints):
+            if url not in wanted:
+                del self._endpoints[url]
+        for url in wanted:
+            self._endpoints.setdefault(url, EndpointState(url))
+        self._rings = {}
+
+    def endpoints(self) -> list[EndpointState]:
+        return list(self._endpoints.values())
+
+    def state(self, url: str) -> EndpointState | None:
+        return self._endpoints.get(url)
+
+    def report_success(self, endpoint: EndpointState) -> None:
+        endpoint.failures = 0
+
+    def report_failure(self, endpoint: EndpointState) -> None:
+        """Passive ejection: enough consecutive failures take an endpoint out for a while."""
+        endpoint.failures += 1
+        if endpoint.failures >= self._settings.eject_after_failures:
+            endpoint.ejected_until = time.monotonic() + self._settings.eject_for_s
+            endpoint.failures = 0
+
+    # -- choosing -----------------------------------------------------------------------------------------
+    def plan(
+        self, table: RoutingTable, route_name: str, *, prefix: bytes | None, session: str | None
+    ) -> Iterator[Attempt]:
+        """Endpoints to try, best first: the weighted backend, the route's other backends, then fallbacks.
+
+        Lazy, so each retry sees the health reported by the attempt before it.
+        """
+        visited: set[str] = set()
+        pending = [route_name]
+        while pending:
+            name = pending.pop(0)
+            if name in visited:
+                continue
+            visited.add(name)
+            route = table.route(name)
+            if route is None:
+                continue
+            for backend in self._backend_order(route, session):
+                for endpoint in self._endpoint_order(backend, route, prefix, session):
+                    yield Attempt(name, backend, endpoint)
+            pending.extend(route.fallbacks)
+
+    def _backend_order(self, route: Route, session: str | None) -> list[Backend]:
+        now = time.monotonic()
+        serving = [b for b in route.backends if b.weight > 0 and self._any_available(b, now)]
+        if not serving:
+            return []
+        total = sum(b.weight for b in serving)
+        if session is not None and self._settings.sticky_canary:
+            point = stable_hash(session.encode()) % total
+        else:
+            point = random.randrange(total)
+        first = serving[-1]
+        for backend in serving:
+            if point < backend.weight:
+                first = backend
+                break
+            point -= backend.weight
+        return [first] + sorted((b for b in serving if b is not first), key=lambda b: -b.weight)
+
+    def _any_available(self, backend: Backend, now: float) -> bool:
+        for url in backend.endpoints:
+            state = self._endpoints.get(url)
+            if state is not None and state.available(now):
+                return True
+        return False
+
+    def _endpoint_order(
+        self, backend: Backend, route: Route, prefix: bytes | None, session: str | None
+    ) -> Iterator[EndpointState]:
+        tried: set[str] = set()
+        while True:
+            now = time.monotonic()
+            candidates = [
+                s for url in backend.endpoints
+                if url not in tried and (s := self._endpoints.get(url)) is not None and s.available(now)
+            ]
+            if not candidates:
+                return
+            if route.affinity == "prefix" and prefix:
+                chosen = self._by_ring(backend, candidates, stable_hash(prefix), bounded=True)
+            elif route.affinity == "session" and session:
+                chosen = self._by_ring(backend, candidates, stable_hash(session.encode()), bounded=False)
+            else:
+                chosen = min(candidates, key=lambda s: (s.score(), random.random()))
+            tried.add(chosen.url)
+            yield chosen
+
+    def _by_ring(
+        self, backend: Backend, candidates: list[EndpointState], key: int, *, bounded: bool
+    ) -> EndpointState:
+        ring = self._rings.get(backend.endpoints)
+        if ring is None:
+            ring = self._rings[backend.endpoints] = _Ring(backend.endpoints)
+        by_url = {s.url: s for s in candidates}
+        if bounded:
+            # Consistent hashing with bounded loads: skip an endpoint already above the average by the factor.
+            cap = self._settings.load_bound * (sum(s.score() for s in candidates) + 1) / len(candidates)
+        for url in ring.walk(key):
+            state = by_url.get(url)
+            if state is not None and (not bounded or state.score() <= cap):
+                return state
+        return min(candidates, key=lambda s: s.score())
