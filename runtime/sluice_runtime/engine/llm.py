@@ -1,0 +1,38 @@
+"""Offline batch inference, like vLLM's LLM class: many prompts in, all completions out."""
+from __future__ import annotations
+
+import itertools
+
+from tqdm import tqdm
+
+from .config import EngineConfig
+from .llm_engine import LLMEngine
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str = "smollm2", **engine_args):
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Prompts are strings or token id lists; returns one RequestOutput per prompt, in order."""
+        params = params or SamplingParams()
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        order: dict[str, int] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            request_id = f"offline-{next(self._ids)}"
+            order[request_id] = i
+            self.engine.add_request(request_id, ids, p)
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        with tqdm(total=len(prompts), desc="generating", unit="req", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        results[order[output.request_id]] = output
+                        bar.update(1)
+        return results

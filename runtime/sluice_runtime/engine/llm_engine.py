@@ -1,0 +1,264 @@
+"""The synchronous engine: admission, one step at a time, and the outputs of each step."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from ..executor.model_runner import BatchItem, ModelRunner
+from ..executor.sampler import SampleRequest, SampleResult
+from ..models.loading import ModelInfo, resolve_model, validate_model_dir
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .detokenizer import Detokenizer
+from .errors import EngineOverloaded, RequestRejected
+from .outputs import CompletionOutput, RequestOutput, TokenLogprob
+from .sampling_params import SamplingParams
+from .scheduler import ScheduledSeq, Scheduler
+from .sequence import Sequence, SequenceGroup
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_kv_blocks: int
+    block_size: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_aborted: int
+    num_timed_out: int
+    steps: int
+
+
+def load_tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        model_dir = resolve_model(config.model)
+        raw_config = validate_model_dir(model_dir)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.runner = ModelRunner(model_dir, config.dtype, config.device, config.block_size,
+                                  config.kv_cache_memory, config.num_kv_blocks, config.max_model_len, config.seed)
+        self.max_model_len = self.runner.max_model_len
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_preemptions_per_request)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        eos = set(self.runner.cfg.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = sorted(eos)
+        name = config.model if "/" not in config.model else model_dir.name
+        self.model_info = ModelInfo(
+            name=name.removeprefix("hf:"), path=model_dir, architecture=(raw_config.get("architectures") or ["?"])[0],
+            max_model_len=self.max_model_len, vocab_size=self.runner.cfg.vocab_size,
+            eos_token_ids=self.eos_token_ids, hidden_size=self.runner.cfg.hidden_size)
+        self.groups: dict[str, SequenceGroup] = {}
+        self._incoming: deque[SequenceGroup] = deque()
+        self._aborts: deque[str] = deque()
+        self._generators: dict[tuple[str, int], object] = {}
+        self._lock = threading.Lock()
+        self.num_aborted = 0
+        self.num_timed_out = 0
+        self.steps = 0
+
+    # -- admission ------------------------------------------------------------------------------
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_manager.num_blocks * self.block_manager.block_size
+
+    def check_admission(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        n_prompt = len(prompt_token_ids)
+        if n_prompt == 0:
+            raise RequestRejected("the prompt is empty; send at least one token")
+        if n_prompt >= self.max_model_len:
+            raise RequestRejected(
+                f"the prompt has {n_prompt} tokens but the model's context length is {self.max_model_len} "
+                "tokens, which must also leave room for at least one generated token")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n_prompt
+        if n_prompt + max_tokens > self.max_model_len:
+            raise RequestRejected(
+                f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) exceeds the model's context "
+                f"length of {self.max_model_len} tokens; lower max_tokens to at most {self.max_model_len - n_prompt}")
+        if n_prompt + max_tokens > self.kv_capacity_tokens:
+            raise RequestRejected(
+                f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) can never fit in this replica's "
+                f"KV cache of {self.kv_capacity_tokens} tokens")
+        waiting = len(self.scheduler.waiting) + len(self._incoming)
+        if waiting >= self.config.max_waiting:
+            raise EngineOverloaded(f"the engine has {waiting} requests waiting (limit {self.config.max_waiting}); "
+                                   "retry shortly", retry_after_s=1.0)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    priority: int = 0, deadline: float | None = None) -> None:
+        """Thread-safe: the request joins the scheduler at the start of the next step."""
+        self.check_admission(prompt_token_ids, params)
+        with self._lock:
+            if request_id in self.groups:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            group = SequenceGroup(request_id, list(prompt_token_ids), params, priority, deadline)
+            self.groups[request_id] = group
+        self._incoming.append(group)
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe and idempotent; takes effect at the start of the next step."""
+        self._aborts.append(request_id)
+
+    # -- stepping -------------------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._incoming or self._aborts or self.scheduler.has_work())
+
+    def step(self) -> list[RequestOutput]:
+        finished_now: dict[str, SequenceGroup] = {}
+        self._admit_incoming()
+        self._apply_aborts_and_deadlines(finished_now)
+        plan = self.scheduler.schedule()
+        touched: dict[str, SequenceGroup] = dict(finished_now)
+        if not plan.is_empty:
+            self.steps += 1
+            now = time.time()
+            for item in plan.scheduled:
+                metrics = item.seq.group.metrics
+                if metrics.first_scheduled_time is None:
+                    metrics.first_scheduled_time = now
+            results = self.runner.execute(
+                [self._batch_item(s) for s in plan.decodes], [self._batch_item(s) for s in plan.prefills])
+            sampled = [s for s in plan.scheduled if s.samples]
+            self.scheduler.on_step_done(plan)
+            now = time.time()
+            for item, result in zip(sampled, results):
+                self._append_token(item.seq, result, now)
+                touched[item.seq.group.request_id] = item.seq.group
+        outputs = [self._make_output(g) for g in touched.values()]
+        for group in touched.values():
+            if group.finished:
+                self._forget(group)
+        return [o for o in outputs if o is not None]
+
+    def _admit_incoming(self) -> None:
+        while self._incoming:
+            group = self._incoming.popleft()
+            for seq in group.seqs:
+                self.detokenizer.start(seq)
+            self.scheduler.add(group)
+
+    def _apply_aborts_and_deadlines(self, finished_now: dict[str, SequenceGroup]) -> None:
+        while self._aborts:
+            group = self.groups.get(self._aborts.popleft())
+            if group is not None and not group.finished:
+                self._finish_group(group, "abort")
+                self.num_aborted += 1
+                finished_now[group.request_id] = group
+        now = time.time()
+        for group in list(self.groups.values()):
+            if group.deadline is not None and now > group.deadline and not group.finished:
+                self._finish_group(group, "timeout")
+                self.num_timed_out += 1
+                finished_now[group.request_id] = group
+
+    def _finish_group(self, group: SequenceGroup, reason: str) -> None:
+        for seq in group.seqs:
+            self.scheduler.finish(seq, reason)
+        group.metrics.finished_time = time.time()
+
+    def _batch_item(self, item: ScheduledSeq) -> BatchItem:
+        seq = item.seq
+        start = seq.num_computed_tokens
+        return BatchItem(seq.token_ids[start:start + item.num_tokens], start, seq.block_table,
+                         self._sample_request(seq) if item.samples else None)
+
+    def _sample_request(self, seq: Sequence) -> SampleRequest:
+        params = seq.group.params
+        key = (seq.group.request_id, seq.index)
+        if params.seed is not None and key not in self._generators:
+            self._generators[key] = self.runner.make_generator(params.seed + seq.index)
+        banned = []
+        if seq.num_output_tokens < params.min_tokens:
+            banned = self.eos_token_ids + list(params.stop_token_ids)
+        return SampleRequest(params, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids,
+                             self._generators.get(key), banned, seq.constraint)
+
+    def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
+        params = seq.group.params
+        token = result.token_id
+        seq.token_ids.append(token)
+        metrics = seq.group.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
+        if result.logprob is not None:
+            seq.logprobs.append(TokenLogprob(token, result.logprob, result.top_logprobs or []))
+        if seq.constraint is not None:
+            seq.constraint.accept_token(token)
+        stop_string = self.detokenizer.append(seq)
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        reason, stop_reason = None, None
+        if stop_string is not None:
+            reason, stop_reason = "stop", stop_string
+        elif token in params.stop_token_ids:
+            reason, stop_reason = "stop", token
+        elif token in self.eos_token_ids and not params.ignore_eos:
+            reason, stop_reason = "stop", None
+        elif seq.constraint is not None and seq.constraint.is_finished():
+            reason = "stop"
+        elif seq.num_output_tokens >= max_tokens or len(seq.token_ids) >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason, stop_reason)
+            if seq.group.finished:
+                seq.group.metrics.finished_time = now
+
+    def _make_output(self, group: SequenceGroup) -> RequestOutput | None:
+        completions = []
+        changed = False
+        for seq in group.seqs:
+            upto = self.detokenizer.releasable_len(seq)
+            completion = CompletionOutput(
+                index=seq.index, text=seq.text[:upto], token_ids=list(seq.output_token_ids),
+                delta_text=seq.text[seq.emitted_text_len:upto],
+                delta_token_ids=seq.output_token_ids[seq.emitted_token_count:],
+                delta_logprobs=seq.logprobs[seq.emitted_token_count:],
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+            changed |= bool(completion.delta_token_ids or completion.delta_text) or seq.finished
+            seq.emitted_text_len = max(seq.emitted_text_len, upto)
+            seq.emitted_token_count = seq.num_output_tokens
+            completions.append(completion)
+        if not changed:
+            return None
+        return RequestOutput(group.request_id, group.prompt_token_ids, completions, group.finished, group.metrics)
+
+    def _forget(self, group: SequenceGroup) -> None:
+        with self._lock:
+            self.groups.pop(group.request_id, None)
+        for seq in group.seqs:
+            self._generators.pop((group.request_id, seq.index), None)
+
+    # -- introspection --------------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len({s.group.request_id for s in self.scheduler.running}),
+            num_waiting=self.scheduler.num_waiting_requests + len(self._incoming),
+            kv_cache_usage=self.block_manager.usage,
+            num_kv_blocks=self.block_manager.num_blocks,
+            block_size=self.block_manager.block_size,
+            prefix_cache_queries=self.block_manager.prefix_queries,
+            prefix_cache_hits=self.block_manager.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_aborted=self.num_aborted,
+            num_timed_out=self.num_timed_out,
+            steps=self.steps)

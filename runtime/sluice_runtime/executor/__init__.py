@@ -1,0 +1,1 @@
+"""Runs the model on a packed batch: input preparation, attention backends, sampling."""

@@ -1,0 +1,52 @@
+"""The contract between the model and an attention implementation over a paged KV cache.
+
+A packed batch holds decode tokens first (one per sequence), then prefill chunks. Keys and
+values of every token are written to their slot (block * block_size + offset) before attention
+reads the sequence's whole context through its block table.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SequenceSpan:
+    """One sequence's part of the packed batch."""
+
+    start: int
+    query_len: int
+    context_len: int  # tokens in the KV cache after this step's writes
+    block_table: list[int]
+
+    @property
+    def num_cached(self) -> int:
+        return self.context_len - self.query_len
+
+
+@dataclass
+class AttentionMetadata:
+    num_decodes: int
+    prefills: list[SequenceSpan]
+    slot_mapping: torch.Tensor  # [T] slot per packed token
+    # Decode-only: [num_decodes, max_context] slot of each context position, and its validity mask.
+    decode_slots: torch.Tensor | None = None
+    decode_mask: torch.Tensor | None = None
+    # Prefill spans that read cached context: context slots and mask, aligned with `prefills`.
+    prefill_context: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+
+
+class AttentionBackend(ABC):
+    name: str = "abstract"
+
+    @abstractmethod
+    def build_metadata(self, decodes: list[SequenceSpan], prefills: list[SequenceSpan], block_size: int,
+                       device: torch.device, sliding_window: int | None) -> AttentionMetadata: ...
+
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor | None,
+                v_cache: torch.Tensor | None, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: [T, Hk, D]; caches: [num_slots, Hk, D] or None (no cache: plain causal
+        prefill, used for embeddings). Returns [T, Hq, D]."""

@@ -1,0 +1,1 @@
+"""Torch building blocks shared by the model architectures."""
