@@ -6,6 +6,7 @@ from .deployment import build_deployment
 from .disruption_budget import build_disruption_budget
 from .names import LABEL_MODEL, Owner, labels, selector_labels, selector_string
 from .service import build_service
+from .status import GENERATION_ANNOTATION, Observed, model_status
 
 
 def build_all(owner: Owner, spec: InferenceModelSpec) -> list[dict[str, Any]]:
@@ -14,6 +15,6 @@ def build_all(owner: Owner, spec: InferenceModelSpec) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "LABEL_MODEL", "Owner", "build_all", "build_deployment", "build_disruption_budget",
+    "GENERATION_ANNOTATION", "LABEL_MODEL", "Observed", "Owner", "model_status", "build_all", "build_deployment", "build_disruption_budget",
     "build_service", "labels", "selector_labels", "selector_string",
 ]

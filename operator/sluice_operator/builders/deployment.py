@@ -6,6 +6,7 @@ from typing import Any
 
 from ..crd import RUNTIME_PORT, InferenceModelSpec
 from .names import Owner, labels, selector_labels
+from .status import GENERATION_ANNOTATION
 from .runtime_args import CACHE_DIR, model_mount, runtime_args
 
 CONTAINER = "runtime"
@@ -72,10 +73,12 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
         pod_spec["nodeSelector"] = dict(spec.resources.node_selector)
     if spec.resources.tolerations:
         pod_spec["tolerations"] = [t.wire() for t in spec.resources.tolerations]
+    metadata = owner.metadata()
+    metadata["annotations"] = {GENERATION_ANNOTATION: str(owner.generation)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": owner.metadata(),
+        "metadata": metadata,
         "spec": {
             "replicas": spec.replicas,
             "revisionHistoryLimit": 5,

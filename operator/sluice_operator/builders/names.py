@@ -16,6 +16,7 @@ class Owner:
     name: str
     namespace: str
     uid: str
+    generation: int = 0
 
     def reference(self) -> dict[str, Any]:
         return {

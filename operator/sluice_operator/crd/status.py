@@ -26,3 +26,15 @@ class Condition(StatusModel):
 def conditions_schema_extra() -> dict:
     """Conditions are a map keyed by type, so server-side apply merges them one by one."""
     return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+
+
+def merge_conditions(existing: list[dict], wanted: list[Condition], now: str) -> list[dict]:
+    """Wanted conditions on the wire; a condition whose status did not change keeps its transition time."""
+    before = {c.get("type"): c for c in existing or []}
+    merged = []
+    for condition in wanted:
+        previous = before.get(condition.type)
+        unchanged = previous is not None and previous.get("status") == condition.status
+        stamp = previous.get("lastTransitionTime") if unchanged else now
+        merged.append(condition.model_copy(update={"last_transition_time": stamp or now}).wire())
+    return merged

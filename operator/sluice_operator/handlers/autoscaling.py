@@ -1,0 +1,110 @@
+"""The autoscaler tick of one InferenceModel: scrape its ready pods, decide, drain, scale, report."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aiohttp
+import kopf
+
+from ..autoscaler import History, MetricsError, Observation, PodSample, Targets, decide, pick_victims, scrape
+from ..builders import selector_string
+from ..crd import RUNTIME_PORT, InferenceModelSpec
+from ..crd.inference_model import AutoscalerDecision, AutoscalerMetrics
+from .model_status import now, request_refresh, unschedulable_message
+from .routing import DRAINING_ANNOTATION, request_compile
+from .state import OperatorState, PendingDrain
+
+log = logging.getLogger(__name__)
+PLURAL = "inferencemodels"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _base_url(ip: str) -> str:
+    return f"http://[{ip}]:{RUNTIME_PORT}" if ":" in ip else f"http://{ip}:{RUNTIME_PORT}"
+
+
+async def _observe(pods: list[dict[str, Any]], served: str, current: int) -> Observation:
+    ready = [p for p in pods if _ready(p)]
+    async with aiohttp.ClientSession() as session:
+        results = await asyncio.gather(
+            *(scrape(session, _base_url(p["status"]["podIP"]), served) for p in ready), return_exceptions=True
+        )
+    samples, failures = [], []
+    for pod, result in zip(ready, results):
+        name = pod["metadata"]["name"]
+        if isinstance(result, MetricsError):
+            failures.append((name, str(result)))
+        elif isinstance(result, BaseException):
+            failures.append((name, f"scrape failed: {type(result).__name__}"))
+        else:
+            samples.append(PodSample(name, result.kv_cache_usage, result.waiting, result.running))
+    unschedulable = unschedulable_message(pods)
+    pending = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Pending") if unschedulable else 0
+    return Observation(current, tuple(samples), tuple(failures), pending, unschedulable)
+
+
+async def _set_draining(state: OperatorState, namespace: str, pods: list[str], draining: bool) -> None:
+    annotations = {DRAINING_ANNOTATION: "true", DELETION_COST: "-1000"} if draining else {
+        DRAINING_ANNOTATION: None, DELETION_COST: None}
+    await asyncio.gather(*(state.kube.annotate_pod(namespace, pod, annotations) for pod in pods))
+    request_compile(state, namespace)
+
+
+async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name: str, uid: str) -> None:
+    spec = InferenceModelSpec.model_validate(body.get("spec") or {})
+    auto = spec.autoscaling
+    if auto is None:
+        return
+    targets = Targets(auto.min_replicas, auto.max_replicas, auto.target_kv_cache_usage,
+                      auto.target_waiting_per_replica, auto.scale_up_window_seconds, auto.scale_down_window_seconds)
+    pods = await state.kube.list_pods(namespace, selector_string(name))
+    observation = await _observe(pods, spec.served_name(name), spec.replicas)
+    history = state.histories.setdefault(uid, History())
+    decision = decide(targets, observation, history, time.monotonic())
+
+    desired, reason = decision.desired_replicas, decision.reason
+    pending = state.drains.get(uid)
+    if decision.action == "ScaleDown" and bool(observation.samples):
+        victims = pick_victims(observation.samples, decision.current_replicas - desired)
+        if pending is None or pending.replicas != desired or not set(pending.pods) <= {s.pod for s in observation.samples}:
+            # First take them out of the routing table; the next tick removes them once no new request arrives.
+            if pending is not None:
+                await _set_draining(state, namespace, pending.pods, False)
+            state.drains[uid] = PendingDrain(victims, desired)
+            await _set_draining(state, namespace, victims, True)
+            desired, reason = decision.current_replicas, f"{reason}; draining {', '.join(victims)} first"
+        else:
+            state.drains.pop(uid, None)
+    elif pending is not None:
+        state.drains.pop(uid, None)
+        await _set_draining(state, namespace, pending.pods, False)
+
+    record = AutoscalerDecision(
+        time=now(),
+        action="Hold" if desired == decision.current_replicas else decision.action,
+        current_replicas=decision.current_replicas,
+        desired_replicas=desired,
+        reason=reason,
+        metrics=AutoscalerMetrics(pods_scraped=decision.pods_scraped, kv_cache_usage=decision.kv_cache_usage,
+                                  waiting=decision.waiting, running=decision.running),
+    ).wire()
+    previous = state.decisions.get((namespace, name))
+    state.decisions[(namespace, name)] = record
+    if desired != decision.current_replicas:
+        await state.kube.scale(PLURAL, namespace, name, desired)
+        kopf.info(body, reason="Scaled", message=f"{decision.current_replicas} → {desired} replicas: {reason}")
+        log.info("%s/%s: %d → %d (%s)", namespace, name, decision.current_replicas, desired, reason)
+    elif previous is None or previous.get("reason", "").split(":")[0] != reason.split(":")[0]:
+        if observation.unschedulable_pods or observation.failures:
+            kopf.warn(body, reason="AutoscalerHold", message=reason)
+    request_refresh(state, namespace, name)

@@ -1,0 +1,142 @@
+"""The few Kubernetes API calls the handlers make, run off the event loop (the official client is blocking)."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from ..crd import GROUP, VERSION
+
+FIELD_MANAGER = "sluice-operator"
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+
+
+def load_config() -> None:
+    """In a pod: its service account. Elsewhere: $KUBECONFIG or ~/.kube/config."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+def not_found(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
+class Kube:
+    def __init__(self) -> None:
+        client = kubernetes.client.ApiClient()
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.apps = kubernetes.client.AppsV1Api(client)
+        self.policy = kubernetes.client.PolicyV1Api(client)
+        self.discovery = kubernetes.client.DiscoveryV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self._sanitize = client.sanitize_for_serialization
+
+    async def _call(self, fn, *args, **kwargs) -> Any:
+        result = await asyncio.to_thread(fn, *args, **kwargs)
+        return self._sanitize(result) if result is not None and not isinstance(result, dict) else result
+
+    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply: only the fields we set are ours, so other controllers' fields survive."""
+        meta = manifest["metadata"]
+        apply = {
+            "Deployment": self.apps.patch_namespaced_deployment,
+            "Service": self.core.patch_namespaced_service,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
+            "ConfigMap": self.core.patch_namespaced_config_map,
+        }[manifest["kind"]]
+        return await self._call(
+            apply, meta["name"], meta["namespace"], manifest,
+            field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
+        )
+
+    async def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._call(self.apps.read_namespaced_deployment, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = await self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        return result.get("items") or []
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        try:
+            await self._call(
+                self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}},
+                _content_type=MERGE,
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def list_slices(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = await self._call(self.discovery.list_namespaced_endpoint_slice, namespace, label_selector=selector)
+        return result.get("items") or []
+
+    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._call(self.core.read_namespaced_config_map, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def delete_config_map(self, namespace: str, name: str) -> None:
+        try:
+            await self._call(self.core.delete_namespaced_config_map, name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def list_custom(self, plural: str, namespace: str) -> list[dict[str, Any]]:
+        result = await self._call(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural)
+        return result.get("items") or []
+
+    async def get_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        try:
+            await self._call(
+                self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, plural, name,
+                {"status": status}, _content_type=MERGE,
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # deleted meanwhile: nothing left to report on
+                raise
+
+    async def scale(self, plural: str, namespace: str, name: str, replicas: int) -> None:
+        await self._call(
+            self.custom.patch_namespaced_custom_object_scale, GROUP, VERSION, namespace, plural, name,
+            {"spec": {"replicas": replicas}}, _content_type=MERGE,
+        )
+
+    async def ensure_cluster_peering(self, name: str) -> None:
+        body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+        try:
+            await self._call(self.custom.create_cluster_custom_object, "kopf.dev", "v1", "clusterkopfpeerings", body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    async def ensure_namespaced_peering(self, namespace: str, name: str) -> None:
+        body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            await self._call(
+                self.custom.create_namespaced_custom_object, "kopf.dev", "v1", namespace, "kopfpeerings", body
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise

@@ -1,0 +1,43 @@
+"""Wire the handlers to kopf: which events of which resources call what."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from ..builders import LABEL_MODEL
+from ..builders.names import MANAGED_BY
+from ..crd import GROUP, VERSION
+from . import autoscaling, inference_model
+from .model_status import request_refresh
+from .routing import request_compile
+from .state import OperatorState
+
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
+    @kopf.on.create(GROUP, VERSION, "inferencemodels", registry=registry)
+    @kopf.on.update(GROUP, VERSION, "inferencemodels", registry=registry)
+    @kopf.on.resume(GROUP, VERSION, "inferencemodels", registry=registry)
+    async def reconcile_model(body: kopf.Body, reason: Any, **_: Any) -> None:
+        await inference_model.reconcile(state, dict(body), str(reason))
+
+    @kopf.on.event(GROUP, VERSION, "inferencemodels", registry=registry)
+    @kopf.on.event(GROUP, VERSION, "modelroutes", registry=registry)
+    async def model_or_route_changed(namespace: str, **_: Any) -> None:
+        request_compile(state, namespace)
+
+    @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)
+    async def endpoints_changed(namespace: str, **_: Any) -> None:
+        request_compile(state, namespace)
+
+    @kopf.on.event("apps", "v1", "deployments", labels={**MANAGED, LABEL_MODEL: kopf.PRESENT}, registry=registry)
+    async def deployment_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
+        request_refresh(state, namespace, labels[LABEL_MODEL])
+
+    @kopf.timer(GROUP, VERSION, "inferencemodels", interval=state.autoscale_interval,
+                when=lambda spec, **_: bool(spec.get("autoscaling")), registry=registry)
+    async def autoscale(body: kopf.Body, namespace: str, name: str, uid: str, logger: logging.Logger, **_: Any) -> None:
+        await autoscaling.tick(state, dict(body), namespace, name, uid)

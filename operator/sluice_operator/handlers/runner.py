@@ -1,0 +1,61 @@
+"""Start kopf with Sluice's handlers and settings."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from .kube import Kube, load_config
+from .registration import register
+from .state import OperatorState
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    namespaces: tuple[str, ...] = ()
+    peering: str | None = "sluice-operator"
+    priority: int = 0
+    health_port: int = 8081
+    autoscale_interval: float = 15.0
+    verbose: bool = False
+
+
+def run_operator(options: OperatorOptions) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if options.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    load_config()
+    state = OperatorState(kube=Kube(), autoscale_interval=options.autoscale_interval)
+    registry = kopf.OperatorRegistry()
+    register(registry, state)
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Progress and the last-handled spec live in annotations: the status belongs to our schema.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sluice.dev")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="sluice.dev", key="last-handled-configuration"
+        )
+        # Events are written on purpose (kopf.info/warn); log lines stay in the log.
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        if options.peering:
+            if options.namespaces:
+                for namespace in options.namespaces:
+                    await state.kube.ensure_namespaced_peering(namespace, options.peering)
+            else:
+                await state.kube.ensure_cluster_peering(options.peering)
+
+    kopf.run(
+        registry=registry,
+        clusterwide=not options.namespaces,
+        namespaces=list(options.namespaces),
+        standalone=options.peering is None,
+        peering_name=options.peering or "default",
+        priority=options.priority,
+        liveness_endpoint=f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None,
+    )
+    return 0

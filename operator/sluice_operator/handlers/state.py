@@ -1,0 +1,35 @@
+"""What the operator keeps in memory between events; all of it can be rebuilt from the cluster."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice_gateway.routing_table import RoutingTable
+
+from ..autoscaler import History
+from .coalesce import Coalescer
+from .kube import Kube
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class PendingDrain:
+    """Pods taken out of the routing table one tick before the scale-down deletes them."""
+
+    pods: list[str]
+    replicas: int
+
+
+@dataclass
+class OperatorState:
+    kube: Kube
+    autoscale_interval: float
+    apply_errors: dict[Key, tuple[str, str]] = field(default_factory=dict)
+    endpoint_counts: dict[Key, int] = field(default_factory=dict)
+    decisions: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    histories: dict[str, History] = field(default_factory=dict)  # by uid: a recreated model starts afresh
+    drains: dict[str, PendingDrain] = field(default_factory=dict)
+    tables: dict[str, RoutingTable] = field(default_factory=dict)  # by namespace, as last written
+    statuses: Coalescer = field(default_factory=lambda: Coalescer(0.1))
+    routing: Coalescer = field(default_factory=lambda: Coalescer(0.1))
