@@ -1,0 +1,202 @@
+"""The FastAPI application: routes wired to the normalizer, the generation runner and the engine."""
+from __future__ import annotations
+
+import base64
+import logging
+import struct
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.metrics import RuntimeMetrics
+
+from .capabilities import ModelCapabilities
+from .chat_serving import ChatServing
+from .chat_template import ChatTemplate
+from .completion_serving import CompletionServing
+from .disconnect import ClientDisconnected, until_disconnected
+from .errors import install_error_handlers
+from .generation import GenerationRunner, engine_error
+from .lifecycle import Lifecycle
+from .logprobs import LogprobFormatter
+from .middleware import RequestContextMiddleware
+from .normalize import RequestNormalizer
+from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
+                       EmbeddingData, EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList,
+                       TokenizeRequest, TokenizeResponse, Usage)
+from .settings import ServerSettings
+from .structured_output import GrammarCompiler
+
+log = logging.getLogger("sluice.server")
+
+
+class Runtime:
+    """Everything the routes share, built once from the engine and the settings."""
+
+    def __init__(self, engine, settings: ServerSettings):
+        info = engine.model_info
+        self.engine = engine
+        self.settings = settings
+        self.tokenizer = engine.tokenizer
+        self.served_names = settings.served_model_names or [info.name]
+        self.template = ChatTemplate.load(self.tokenizer, settings.chat_template)
+        self.capabilities = ModelCapabilities.for_text_model(info.max_model_len, self.template.source is not None)
+        self.lifecycle = Lifecycle()
+        self.metrics = RuntimeMetrics(self.served_names[0], engine.stats, self.template.version)
+        grammars = GrammarCompiler(self.tokenizer, info.vocab_size, list(info.eos_token_ids))
+        self.normalizer = RequestNormalizer(self.tokenizer, self.template, self.capabilities, grammars,
+                                            self.served_names, info.vocab_size)
+        runner = GenerationRunner(engine, self.lifecycle, self.metrics, settings)
+        formatter = LogprobFormatter(self.tokenizer)
+        self.chat = ChatServing(runner, formatter)
+        self.completions = CompletionServing(runner, formatter, self.tokenizer)
+        self.created = int(time.time())
+
+    async def warm_up(self) -> None:
+        """One tiny generation, so the first real request does not pay for lazy initialization."""
+        prompt = self.tokenizer.encode("Hello", add_special_tokens=True)
+        async for _ in self.engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0), "warmup"):
+            pass
+        self.lifecycle.warmed_up = True
+        log.info("warm-up done; chat template version %s", self.template.version)
+
+    def record(self, request: Request, model: str | None, stream: bool | None = None):
+        record = request.state.record
+        record.model = model
+        record.template_version = self.template.version
+        record.stream = stream
+        return record
+
+
+def build_app(engine, settings: ServerSettings) -> FastAPI:
+    rt = Runtime(engine, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await rt.warm_up()
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="Sluice runtime", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible inference server for one model replica.")
+    app.state.runtime = rt
+    install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
+                       lifecycle=rt.lifecycle, metrics=rt.metrics)
+
+    def describe(record, greq) -> None:
+        record.sampling = {k: v for k, v in vars(greq.params).items() if k != "constraint"}
+        record.sampling["response_format"] = greq.response_format
+        if settings.log_prompts:
+            record.prompt = "\n".join(t for t in greq.prompt_texts if t is not None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        record = rt.record(request, body.model, body.stream)
+        greq = rt.normalizer.chat(body, request.state.request_id)
+        describe(record, greq)
+        rt.metrics.in_flight.inc()
+        try:
+            return await rt.chat.respond(greq, request.receive, record)
+        finally:
+            rt.metrics.in_flight.dec()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        record = rt.record(request, body.model, body.stream)
+        greq = rt.normalizer.completion(body, request.state.request_id)
+        describe(record, greq)
+        rt.metrics.in_flight.inc()
+        try:
+            return await rt.completions.respond(greq, request.receive, record)
+        finally:
+            rt.metrics.in_flight.dec()
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse)
+    async def embeddings(body: EmbeddingRequest, request: Request):
+        record = rt.record(request, body.model)
+        prompts = rt.normalizer.embedding_inputs(body)
+
+        async def embed_all() -> list[list[float]]:
+            return [await engine.embed(p) for p in prompts]
+
+        try:
+            vectors = await until_disconnected(request.receive, embed_all())
+        except ClientDisconnected:
+            record.cancelled = True
+            return Response(status_code=499)
+        except ValueError as exc:
+            raise engine_error(exc) from None
+        tokens = sum(len(p) for p in prompts)
+        record.prompt_tokens = tokens
+        data = [EmbeddingData(index=i, embedding=_encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
+        return EmbeddingResponse(data=data, model=body.model, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models():
+        return ModelList(data=[_card(rt, name) for name in rt.served_names])
+
+    @app.get("/v1/models/{model:path}", response_model=ModelCard)
+    async def model(model: str):
+        rt.normalizer.check_model(model)
+        return _card(rt, model)
+
+    @app.post("/tokenize", response_model=TokenizeResponse)
+    async def tokenize(body: TokenizeRequest, request: Request):
+        rt.record(request, body.model)
+        tokens = rt.normalizer.tokenize(body)
+        return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=rt.capabilities.max_model_len)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse)
+    async def detokenize(body: DetokenizeRequest, request: Request):
+        rt.record(request, body.model)
+        rt.normalizer.check_model(body.model)
+        rt.normalizer.check_token_ids(body.tokens, "tokens")
+        return DetokenizeResponse(prompt=rt.tokenizer.decode(body.tokens))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        reason = None
+        if not rt.lifecycle.warmed_up:
+            reason = "warming up"
+        elif rt.lifecycle.draining:
+            reason = "draining"
+        elif not engine.is_running:
+            reason = "engine stopped"
+        if reason:
+            return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+        return {"ready": True}
+
+    @app.get("/load")
+    async def load():
+        s = engine.stats()
+        queries, hits = s.prefix_cache_queries, s.prefix_cache_hits
+        return {"model": rt.served_names[0], "waiting": s.num_waiting, "running": s.num_running,
+                "kv_cache_usage": s.kv_cache_usage, "block_size": s.block_size, "num_kv_blocks": s.num_kv_blocks,
+                "prefix_cache": {"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else 0.0},
+                "in_flight": rt.lifecycle.running, "draining": rt.lifecycle.draining}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def _card(rt: Runtime, name: str) -> ModelCard:
+    return ModelCard(id=name, created=rt.created, root=str(rt.engine.model_info.path),
+                     max_model_len=rt.capabilities.max_model_len, capabilities=rt.capabilities.as_dict(),
+                     chat_template_version=rt.template.version)
+
+
+def _encode(vector: list[float], encoding: str) -> list[float] | str:
+    if encoding == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return vector

@@ -1,0 +1,162 @@
+"""Running a normalized request on the engine: submission, merging, error mapping, per-request accounting."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import AsyncIterator
+
+from sluice_runtime.engine.errors import EngineDead, EngineError, EngineOverloaded, RequestRejected
+from sluice_runtime.engine.outputs import RequestOutput
+from sluice_runtime.engine.sampling_params import SamplingParams
+
+from .disconnect import ClientDisconnected, until_disconnected
+from .errors import APIError, invalid_request, overloaded, shutting_down
+from .normalize import GenerationRequest
+from .request_log import RequestRecord
+
+Item = tuple[int, RequestOutput]
+
+
+def engine_error(exc: Exception) -> APIError:
+    if isinstance(exc, EngineOverloaded):
+        return overloaded(str(exc), exc.retry_after_s)
+    if isinstance(exc, RequestRejected):
+        return invalid_request(str(exc), code=exc.code)
+    if isinstance(exc, EngineDead):
+        return APIError(503, "The engine has stopped and cannot serve requests.", type="server_error",
+                        code=exc.code, headers={"Retry-After": "1"})
+    if isinstance(exc, EngineError):
+        return APIError(500, str(exc), type="server_error", code=exc.code)
+    return invalid_request(str(exc))
+
+
+class GenerationRunner:
+    def __init__(self, engine, lifecycle, metrics, settings):
+        self._engine = engine
+        self._lifecycle = lifecycle
+        self._metrics = metrics
+        self._timeout = settings.request_timeout
+
+    async def start(self, greq: GenerationRequest, receive, record: RequestRecord) -> tuple[Item, AsyncIterator[Item]]:
+        """Submit every prompt and wait for the first output, so that admission errors become HTTP statuses."""
+        stream = self._outputs(greq)
+        try:
+            first = await until_disconnected(receive, stream.__anext__())
+        except ClientDisconnected:
+            self.cancelled(record)
+            raise
+        except (EngineError, ValueError) as exc:
+            await stream.aclose()
+            err = engine_error(exc)
+            self._metrics.observe_rejected(err.code or err.type)
+            raise err from None
+        return first, stream
+
+    def cancelled(self, record: RequestRecord) -> None:
+        record.cancelled = True
+        self._metrics.observe_cancelled()
+
+    def failure(self, finish_reason: str | None) -> APIError | None:
+        """The error a client gets for a sequence that ended without a result, or None."""
+        if finish_reason == "abort":
+            if self._lifecycle.draining:
+                return shutting_down()
+            return APIError(503, "The request was aborted by the server.", type="server_error", code="aborted")
+        if finish_reason == "timeout":
+            return APIError(504, f"The request did not finish within the server's request timeout of "
+                                 f"{self._timeout:g} s.", type="timeout_error", code="request_timeout")
+        if finish_reason == "error":
+            return APIError(500, "The engine failed while generating; this is a bug in the server.",
+                            type="server_error", code="engine_error")
+        return None
+
+    def account(self, out: RequestOutput, record: RequestRecord, last_seen: dict[str, float]) -> None:
+        """Metrics and log fields for one engine output; `last_seen` keeps token arrival times per request."""
+        now = time.monotonic()
+        new_tokens = sum(len(c.delta_token_ids) for c in out.outputs)
+        if new_tokens:
+            previous = last_seen.get(out.request_id)
+            if previous is not None:
+                self._metrics.observe_token_gap(now - previous, new_tokens)
+            last_seen[out.request_id] = now
+        if not out.finished:
+            return
+        generated = sum(len(c.token_ids) for c in out.outputs)
+        reasons = [c.finish_reason or "abort" for c in out.outputs]
+        self._metrics.observe_finished(out.metrics, len(out.prompt_token_ids), generated, reasons)
+        record.prompt_tokens = (record.prompt_tokens or 0) + len(out.prompt_token_ids)
+        record.completion_tokens = (record.completion_tokens or 0) + generated
+        record.finish_reasons.extend(reasons)
+        m = out.metrics
+        if record.queue_s is None and m.first_scheduled_time is not None:
+            record.queue_s = round(m.first_scheduled_time - m.arrival_time, 4)
+            if m.first_token_time is not None:
+                record.prefill_s = round(m.first_token_time - m.first_scheduled_time, 4)
+                if m.finished_time is not None:
+                    record.decode_s = round(m.finished_time - m.first_token_time, 4)
+
+    async def _outputs(self, greq: GenerationRequest) -> AsyncIterator[Item]:
+        deadline = time.time() + self._timeout if self._timeout else None
+        ids = [greq.request_id if len(greq.prompts) == 1 else f"{greq.request_id}-{i}"
+               for i in range(len(greq.prompts))]
+        streams = [self._tracked(ids[i], prompt, _params_for(greq, i), greq.priority, deadline)
+                   for i, prompt in enumerate(greq.prompts)]
+        if len(streams) == 1:
+            try:
+                async for out in streams[0]:
+                    yield 0, out
+            finally:
+                await streams[0].aclose()
+            return
+        async for item in _merge(streams):
+            yield item
+
+    async def _tracked(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int, deadline):
+        with self._lifecycle.track(request_id):
+            outputs = self._engine.generate(prompt, params, request_id, priority=priority, deadline=deadline)
+            try:
+                async for out in outputs:
+                    yield out
+            finally:
+                await outputs.aclose()
+
+
+def _params_for(greq: GenerationRequest, index: int) -> SamplingParams:
+    """Each prompt needs its own grammar state; the first one uses the original."""
+    params = greq.params
+    if index == 0 or params.constraint is None:
+        return params
+    return dataclasses.replace(params, constraint=params.constraint.fork())
+
+
+async def _merge(streams: list) -> AsyncIterator[Item]:
+    """Outputs of several engine requests in arrival order; closing this closes (aborts) them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((index, out, None))
+        except Exception as exc:
+            queue.put_nowait((index, None, exc))
+        finally:
+            await stream.aclose()
+            queue.put_nowait((index, None, done))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, out, exc = await queue.get()
+            if exc is done:
+                remaining -= 1
+            elif exc is not None:
+                raise exc
+            else:
+                yield index, out
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,114 @@
+"""The outermost layer of every request: request id, body size limit, drain gate, last-resort errors, log line.
+
+Written as plain ASGI rather than Starlette's BaseHTTPMiddleware so that streamed responses pass
+straight through and a client disconnect still reaches the handler.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from .errors import APIError, internal_error, shutting_down
+from .request_log import RequestRecord
+
+log = logging.getLogger("sluice.server")
+
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+# Probes and scrapes keep answering while draining, and are not worth a log line each.
+_OPERATIONAL_PATHS = {"/health", "/ready", "/metrics", "/load"}
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class RequestContextMiddleware:
+    def __init__(self, app, *, max_body_bytes: int, lifecycle, metrics):
+        self.app = app
+        self._max_body = max_body_bytes
+        self._lifecycle = lifecycle
+        self._metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        client_id = headers.get("x-request-id", "")
+        request_id = client_id if _CLIENT_ID.match(client_id) else f"req-{uuid.uuid4().hex}"
+        path = scope["path"]
+        record = RequestRecord(request_id=request_id, method=scope["method"], path=path)
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["record"] = record
+        started = time.monotonic()
+        response_started = False
+
+        async def send_with_id(message):
+            nonlocal response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+                record.status = message["status"]
+                message = dict(message)
+                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", request_id.encode())]
+            await send(message)
+
+        received = 0
+
+        async def counting_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self._max_body:
+                    raise _BodyTooLarge()
+            return message
+
+        try:
+            if self._lifecycle.draining and path not in _OPERATIONAL_PATHS:
+                await self._send_error(shutting_down(), record, scope, receive, send_with_id)
+            elif _int(headers.get("content-length")) > self._max_body:
+                await self._send_error(self._too_large(), record, scope, receive, send_with_id)
+            else:
+                await self.app(scope, counting_receive, send_with_id)
+        except _BodyTooLarge:
+            if not response_started:
+                await self._send_error(self._too_large(), record, scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error in request %s", request_id)
+            if not response_started:
+                await self._send_error(internal_error(request_id), record, scope, receive, send_with_id)
+        finally:
+            if path not in _OPERATIONAL_PATHS:
+                record.total_s = round(time.monotonic() - started, 4)
+                if record.cancelled:
+                    record.status = 499
+                self._metrics.observe_http(_endpoint(path), record.status or 0)
+                record.emit()
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"The request body is larger than the server's limit of {self._max_body} bytes.",
+                        code="request_too_large")
+
+    @staticmethod
+    async def _send_error(err: APIError, record: RequestRecord, scope, receive, send) -> None:
+        record.error_code = err.code
+        await err.response()(scope, receive, send)
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
+
+
+def _endpoint(path: str) -> str:
+    """A bounded label value: known API paths as they are, anything else as 'other'."""
+    known = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/tokenize", "/detokenize")
+    for prefix in known:
+        if path == prefix or path.startswith(prefix + "/"):
+            return prefix
+    return "other"

@@ -1,0 +1,364 @@
+"""Validation and normalization: every generation request becomes one GenerationRequest for the engine.
+
+Checks that need the model (context length, capabilities, vocabulary, template) live here, so a bad
+request is refused with a 400 naming the offending parameter before it reaches the engine.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from sluice_runtime.engine.sampling_params import SamplingParams
+
+from .capabilities import ModelCapabilities
+from .chat_template import ChatTemplate
+from .errors import APIError, invalid_request, model_not_found
+from .protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest,
+                       NamedToolChoice, ResponseFormat, Tool, TokenizeRequest)
+from .structured_output import GrammarCompiler
+from .tool_calls import render_call, tools_system_prompt
+
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+MAX_TOOLS = 128
+MAX_TOOLS_JSON_BYTES = 64 * 1024
+MAX_PROMPTS = 64
+_IMAGE_PARTS = {"image_url", "input_image", "image"}
+_OTHER_MEDIA_PARTS = {"input_audio", "audio", "file", "video", "video_url"}
+
+
+@dataclass
+class ToolUse:
+    tools: list[Tool]
+    # "auto" lets the model choose; "required" and "named" force exactly one call by grammar.
+    choice: str
+    name: str | None = None
+
+    @property
+    def forced(self) -> bool:
+        return self.choice != "auto"
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    endpoint: str
+    model: str
+    prompts: list[list[int]]
+    prompt_texts: list[str | None]
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    priority: int = 0
+    # Top alternatives per token (0 = only the sampled token's); None when logprobs were not asked for.
+    logprobs: int | None = None
+    echo: bool = False
+    tool_use: ToolUse | None = None
+    response_format: str = "text"
+    log_fields: dict = field(default_factory=dict)
+
+
+class RequestNormalizer:
+    def __init__(self, tokenizer, template: ChatTemplate, capabilities: ModelCapabilities,
+                 grammars: GrammarCompiler, served_names: list[str], vocab_size: int):
+        self._tokenizer = tokenizer
+        self._template = template
+        self._caps = capabilities
+        self._grammars = grammars
+        self._served_names = served_names
+        self._vocab_size = vocab_size
+
+    # --- entry points -----------------------------------------------------------------------------
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self._served_names:
+            raise model_not_found(name)
+
+    def chat(self, body: ChatCompletionRequest, request_id: str) -> GenerationRequest:
+        self.check_model(body.model)
+        if not self._caps.chat:
+            raise invalid_request(f"The model `{body.model}` has no chat template; use /v1/completions.",
+                                  code="no_chat_template")
+        tool_use = self._tool_use(body)
+        text = self._render(body.messages, tool_use)
+        prompt = self._tokenizer.encode(text, add_special_tokens=False)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        self._check_context(len(prompt), max_tokens, "messages", param)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise invalid_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        grammar, response_format = self._grammar(body.response_format, tool_use)
+        params = self._sampling(body, max_tokens, logprobs, grammar)
+        self._check_stream_options(body)
+        return GenerationRequest(
+            request_id=request_id, endpoint="chat", model=body.model, prompts=[prompt], prompt_texts=[text],
+            params=params, stream=body.stream, include_usage=self._include_usage(body), priority=body.priority,
+            logprobs=logprobs, tool_use=tool_use, response_format=response_format)
+
+    def completion(self, body: CompletionRequest, request_id: str) -> GenerationRequest:
+        self.check_model(body.model)
+        if body.suffix:
+            raise invalid_request("suffix (fill-in-the-middle) is not supported by this model.", param="suffix")
+        if body.best_of is not None and body.best_of != body.n:
+            raise invalid_request("best_of different from n is not supported.", param="best_of")
+        if body.echo and body.logprobs is not None:
+            raise invalid_request("echo together with logprobs is not supported (no prompt logprobs).",
+                                  param="echo")
+        prompts, texts = self._completion_prompts(body.prompt)
+        for prompt in prompts:
+            self._check_context(len(prompt), body.max_tokens, "prompt", "max_tokens")
+        grammar, response_format = self._grammar(body.response_format, None)
+        params = self._sampling(body, body.max_tokens, body.logprobs, grammar)
+        self._check_stream_options(body)
+        return GenerationRequest(
+            request_id=request_id, endpoint="completion", model=body.model, prompts=prompts, prompt_texts=texts,
+            params=params, stream=body.stream, include_usage=self._include_usage(body), priority=body.priority,
+            logprobs=body.logprobs, echo=body.echo, response_format=response_format)
+
+    def embedding_inputs(self, body: EmbeddingRequest) -> list[list[int]]:
+        self.check_model(body.model)
+        if self._caps.embeddings is None:
+            raise invalid_request(f"The model `{body.model}` does not serve embeddings.", param="model")
+        if body.dimensions is not None:
+            raise invalid_request("dimensions is not supported; the model's hidden size is fixed.",
+                                  param="dimensions")
+        prompts, _ = self._completion_prompts(body.input, param="input")
+        for prompt in prompts:
+            if len(prompt) > self._caps.max_model_len:
+                raise self._too_long(len(prompt), "input")
+        return prompts
+
+    def tokenize(self, body: TokenizeRequest) -> list[int]:
+        self.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise invalid_request("Send exactly one of prompt or messages.", param="prompt")
+        if body.messages is not None:
+            text = self._render(body.messages, None)
+            return self._tokenizer.encode(text, add_special_tokens=False)
+        return self._tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        bad = next((t for t in ids if not 0 <= t < self._vocab_size), None)
+        if bad is not None:
+            raise invalid_request(f"Token id {bad} is outside the vocabulary [0, {self._vocab_size}).", param=param,
+                                  code="invalid_token_id")
+
+    # --- messages and tools -----------------------------------------------------------------------
+
+    def _render(self, messages: list[ChatMessage], tool_use: ToolUse | None) -> str:
+        if not messages:
+            raise invalid_request("messages must contain at least one message.", param="messages")
+        converted = self._template_messages(messages)
+        tools = None
+        if tool_use is not None:
+            if self._template.renders_tools:
+                tools = [t.model_dump(exclude_none=True) for t in tool_use.tools]
+            elif converted[0]["role"] == "system":
+                converted[0] = {"role": "system",
+                                "content": tools_system_prompt(tool_use.tools) + "\n\n" + converted[0]["content"]}
+            else:
+                converted.insert(0, {"role": "system", "content": tools_system_prompt(tool_use.tools)})
+        return self._template.render(converted, tools)
+
+    def _template_messages(self, messages: list[ChatMessage]) -> list[dict]:
+        out: list[dict] = []
+        open_calls: set[str] | None = None
+        for i, message in enumerate(messages):
+            text = self._text(message, i)
+            where = f"messages[{i}]"
+            if message.role == "tool":
+                if open_calls is None:
+                    raise invalid_request(f"{where}: a 'tool' message must follow an assistant message with "
+                                          "tool_calls.", param=where, code="invalid_role_order")
+                if not message.tool_call_id:
+                    raise invalid_request(f"{where}: a 'tool' message needs tool_call_id.",
+                                          param=f"{where}.tool_call_id")
+                if open_calls and message.tool_call_id not in open_calls:
+                    raise invalid_request(f"{where}: tool_call_id {message.tool_call_id!r} answers no call of "
+                                          "the preceding assistant message.", param=f"{where}.tool_call_id",
+                                          code="invalid_role_order")
+                out.append({"role": "tool", "content": text or "", "tool_call_id": message.tool_call_id})
+                continue
+            open_calls = None
+            if message.role == "assistant":
+                if text is None and not message.tool_calls:
+                    raise invalid_request(f"{where}: an assistant message needs content or tool_calls.",
+                                          param=f"{where}.content")
+                out.append(self._assistant_turn(text, message))
+                if message.tool_calls:
+                    open_calls = {c.id for c in message.tool_calls if c.id}
+                continue
+            if text is None:
+                raise invalid_request(f"{where}: a '{message.role}' message needs content.",
+                                      param=f"{where}.content")
+            # Templates know system, user and assistant; 'developer' is OpenAI's newer name for system.
+            out.append({"role": "system" if message.role == "developer" else message.role, "content": text})
+        return out
+
+    def _assistant_turn(self, text: str | None, message: ChatMessage) -> dict:
+        calls = message.tool_calls or []
+        if self._template.renders_tools and calls:
+            return {"role": "assistant", "content": text or "",
+                    "tool_calls": [{"type": "function", "id": c.id,
+                                    "function": {"name": c.function.name, "arguments": _json_or_str(c.function.arguments)}}
+                                   for c in calls]}
+        parts = ([text] if text else []) + [render_call(c.function.name, c.function.arguments) for c in calls]
+        return {"role": "assistant", "content": "\n".join(parts)}
+
+    def _text(self, message: ChatMessage, index: int) -> str | None:
+        content = message.content
+        if content is None or isinstance(content, str):
+            return content
+        pieces = []
+        for j, part in enumerate(content):
+            where = f"messages[{index}].content[{j}]"
+            if part.type == "text":
+                if part.text is None:
+                    raise invalid_request(f"{where}: a text part needs 'text'.", param=where)
+                pieces.append(part.text)
+            elif part.type in _IMAGE_PARTS:
+                if not self._caps.vision:
+                    raise invalid_request(f"{where}: this model reads text only and cannot take images.",
+                                          param=where, code="unsupported_content")
+                raise invalid_request(f"{where}: image input is not implemented.", param=where,
+                                      code="unsupported_content")
+            elif part.type in _OTHER_MEDIA_PARTS:
+                raise invalid_request(f"{where}: this model reads text only and cannot take {part.type} input.",
+                                      param=where, code="unsupported_content")
+            else:
+                raise invalid_request(f"{where}: unknown content part type {part.type!r}.", param=where)
+        return "\n".join(pieces)
+
+    def _tool_use(self, body: ChatCompletionRequest) -> ToolUse | None:
+        tools, choice = body.tools or [], body.tool_choice
+        if not tools:
+            if choice not in (None, "none", "auto"):
+                raise invalid_request("tool_choice requires tools.", param="tool_choice")
+            return None
+        if not self._caps.tools:
+            raise invalid_request(f"The model `{body.model}` does not support tools.", param="tools")
+        if len(tools) > MAX_TOOLS:
+            raise invalid_request(f"At most {MAX_TOOLS} tools are allowed, got {len(tools)}.", param="tools")
+        size = len(json.dumps([t.model_dump(exclude_none=True) for t in tools]))
+        if size > MAX_TOOLS_JSON_BYTES:
+            raise invalid_request(f"The tools take {size} bytes as JSON; at most {MAX_TOOLS_JSON_BYTES} are allowed.",
+                                  param="tools", code="tools_too_large")
+        names = [t.function.name for t in tools]
+        if len(set(names)) != len(names):
+            raise invalid_request("Tool function names must be unique.", param="tools")
+        for i, tool in enumerate(tools):
+            if tool.function.parameters is not None:
+                self._grammars.json_schema(tool.function.parameters, f"tools[{i}].function.parameters")
+        if choice == "none":
+            return None
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in names:
+                raise invalid_request(f"tool_choice names {choice.function.name!r}, which is not among the tools.",
+                                      param="tool_choice")
+            return ToolUse(tools, "named", choice.function.name)
+        return ToolUse(tools, choice or "auto")
+
+    def _grammar(self, fmt: ResponseFormat | None, tool_use: ToolUse | None) -> tuple[str | None, str]:
+        kind = fmt.type if fmt is not None else "text"
+        if kind != "text" and tool_use is not None:
+            raise invalid_request("response_format json_object/json_schema cannot be combined with tools; "
+                                  "set tool_choice to 'none' or drop response_format.", param="response_format")
+        if tool_use is not None and tool_use.forced:
+            return self._grammars.tool_call(tool_use.tools, tool_use.name), "tool_call"
+        if kind == "text":
+            return None, kind
+        if not self._caps.json_schema:
+            raise invalid_request("This model does not support structured output.", param="response_format")
+        if kind == "json_object":
+            return self._grammars.json_object(), kind
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise invalid_request("response_format json_schema needs json_schema.schema.",
+                                  param="response_format.json_schema")
+        return self._grammars.json_schema(fmt.json_schema.schema_, "response_format.json_schema.schema"), kind
+
+    # --- prompts, context and sampling ------------------------------------------------------------
+
+    def _completion_prompts(self, prompt, param: str = "prompt") -> tuple[list[list[int]], list[str | None]]:
+        if isinstance(prompt, str):
+            items: list = [prompt]
+        elif prompt and isinstance(prompt[0], int):
+            items = [prompt]
+        else:
+            items = list(prompt)
+        if not items:
+            raise invalid_request(f"{param} must not be empty.", param=param)
+        if len(items) > MAX_PROMPTS:
+            raise invalid_request(f"At most {MAX_PROMPTS} prompts per request, got {len(items)}.", param=param)
+        prompts, texts = [], []
+        for item in items:
+            if isinstance(item, str):
+                ids = self._tokenizer.encode(item, add_special_tokens=True)
+                texts.append(item)
+            else:
+                self.check_token_ids(item, param)
+                ids = list(item)
+                texts.append(None)
+            if not ids:
+                raise invalid_request(f"{param} must not be empty.", param=param)
+            prompts.append(ids)
+        return prompts, texts
+
+    def _too_long(self, prompt_len: int, param: str) -> APIError:
+        return invalid_request(
+            f"This model's maximum context length is {self._caps.max_model_len} tokens, but the {param} has "
+            f"{prompt_len} tokens, leaving no room for output. Shorten the {param}.",
+            param=param, code="context_length_exceeded")
+
+    def _check_context(self, prompt_len: int, max_tokens: int | None, prompt_param: str, max_param: str) -> None:
+        limit = self._caps.max_model_len
+        if prompt_len >= limit:
+            raise self._too_long(prompt_len, prompt_param)
+        if max_tokens is not None and prompt_len + max_tokens > limit:
+            raise invalid_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the {prompt_param}, {max_tokens} for the "
+                f"completion). Reduce the {prompt_param} or {max_param}.",
+                param=max_param, code="context_length_exceeded")
+
+    def _sampling(self, body, max_tokens: int | None, logprobs: int | None, grammar: str | None) -> SamplingParams:
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        if len(stop) > MAX_STOP_SEQUENCES:
+            raise invalid_request(f"At most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(stop)}.",
+                                  param="stop")
+        for s in stop:
+            if not s or len(s) > MAX_STOP_CHARS:
+                raise invalid_request(f"Each stop sequence must have 1 to {MAX_STOP_CHARS} characters.", param="stop")
+        self.check_token_ids(body.stop_token_ids or [], "stop_token_ids")
+        if body.logit_bias:
+            raise invalid_request("logit_bias is not supported.", param="logit_bias")
+        try:
+            return SamplingParams(
+                n=body.n, max_tokens=max_tokens, min_tokens=body.min_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+                min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
+                seed=body.seed, stop=stop, stop_token_ids=list(body.stop_token_ids or []),
+                ignore_eos=body.ignore_eos, logprobs=logprobs,
+                include_stop_str_in_output=body.include_stop_str_in_output,
+                skip_special_tokens=body.skip_special_tokens,
+                constraint=self._grammars.constraint(grammar) if grammar else None)
+        except ValueError as exc:
+            raise invalid_request(str(exc)) from None
+
+    @staticmethod
+    def _check_stream_options(body) -> None:
+        if body.stream_options is not None and not body.stream:
+            raise invalid_request("stream_options is only allowed when stream is true.", param="stream_options")
+
+    @staticmethod
+    def _include_usage(body) -> bool:
+        return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+def _json_or_str(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

@@ -1,0 +1,35 @@
+"""One JSON line per API request: who, what, how long, how it ended."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+
+log = logging.getLogger("sluice.requests")
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    method: str
+    path: str
+    status: int | None = None
+    model: str | None = None
+    template_version: str | None = None
+    stream: bool | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    sampling: dict | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    error_code: str | None = None
+    cancelled: bool = False
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    total_s: float | None = None
+    # Only with --log-prompts: prompts can hold personal data.
+    prompt: str | None = None
+
+    def emit(self) -> None:
+        fields = {k: v for k, v in asdict(self).items() if v is not None and v != []}
+        log.info(json.dumps(fields, ensure_ascii=False, default=str))

@@ -1,0 +1,34 @@
+"""Server-sent events: the framing OpenAI clients parse, and a response that always closes its source."""
+from __future__ import annotations
+
+import json
+
+from starlette.responses import StreamingResponse
+
+from .errors import APIError
+
+DONE = "data: [DONE]\n\n"
+
+
+def event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def error_event(err: APIError) -> str:
+    """A failure after the 200 status went out: an `error` object, which OpenAI clients raise as an APIError."""
+    return event(err.body())
+
+
+class SSEResponse(StreamingResponse):
+    media_type = "text/event-stream"
+
+    def __init__(self, events):
+        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # If the client left while a chunk was being sent, the generator is parked at a yield and
+            # was not cancelled; closing it here aborts the engine request now rather than at GC.
+            await self.body_iterator.aclose()
