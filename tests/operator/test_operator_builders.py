@@ -83,7 +83,7 @@ def test_hf_source_gets_cache_token_and_revision():
     env = {e["name"]: e for e in container["env"]}
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "HF_TOKEN"}
     assert env["HF_HOME"]["value"].startswith(next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "cache"))
-    assert _flag(container["args"], "--model") == "hf:org/model" and _flag(container["args"], "--revision") == "v2"
+    assert _flag(container["args"], "--model") == "hf:org/model@v2" and _flag(container["args"], "--device") == "cpu"
 
 
 def test_gpus_placement_and_rollout():
@@ -102,6 +102,9 @@ def test_gpus_placement_and_rollout():
     assert pod["nodeSelector"] == {"gpu": "h100"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert pod["terminationGracePeriodSeconds"] == 300
+    drain = int(_flag(_container(deployment)["args"], "--shutdown-timeout"))
+    assert 0 < drain < 300, "in-flight streams drain within the grace period, before SIGKILL"
+    assert _flag(_container(deployment)["args"], "--device") == "cuda"
     assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["volumes"])
     assert _flag(_container(deployment)["args"], "--tensor-parallel-size") == "2"
     assert deployment["spec"]["replicas"] == 3

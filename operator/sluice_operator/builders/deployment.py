@@ -15,6 +15,11 @@ PROBE_PERIOD_SECONDS = 10
 PRESTOP_SLEEP_SECONDS = 5
 
 
+def drain_seconds(spec: InferenceModelSpec) -> int:
+    """In-flight streams get the grace period, less the preStop pause and a margin before SIGKILL."""
+    return max(1, spec.rollout.termination_grace_period_seconds - PRESTOP_SLEEP_SECONDS - 5)
+
+
 def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
     return {
         "httpGet": {"path": path, "port": "http"},
@@ -50,7 +55,7 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": ["sluice-runtime"],
-        "args": runtime_args(owner.name, spec, mount),
+        "args": runtime_args(owner.name, spec, mount, drain_seconds(spec)),
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": _resources(spec),

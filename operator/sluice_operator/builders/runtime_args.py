@@ -17,7 +17,6 @@ class ModelMount:
     volumes: list[dict[str, Any]] = field(default_factory=list)
     mounts: list[dict[str, Any]] = field(default_factory=list)
     env: list[dict[str, Any]] = field(default_factory=list)
-    extra_args: list[str] = field(default_factory=list)
 
 
 def kv_cache_arg(quantity: str) -> str:
@@ -35,18 +34,18 @@ def model_mount(spec: InferenceModelSpec) -> ModelMount:
             volumes=[{"name": "model", "persistentVolumeClaim": {"claimName": source.claim, "readOnly": True}}],
             mounts=[{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}],
         )
-    mount = ModelMount(model_arg=spec.model.source)
+    # The runtime reads a pinned revision from the source itself: hf:ORG/NAME@REVISION.
+    revision = f"@{spec.model.revision}" if spec.model.revision else ""
+    mount = ModelMount(model_arg=spec.model.source + revision)
     secret = spec.model.token_secret
     if secret is not None:
         mount.env.append(
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
         )
-    if spec.model.revision:
-        mount.extra_args += ["--revision", spec.model.revision]
     return mount
 
 
-def runtime_args(name: str, spec: InferenceModelSpec, mount: ModelMount) -> list[str]:
+def runtime_args(name: str, spec: InferenceModelSpec, mount: ModelMount, drain_seconds: int) -> list[str]:
     rt = spec.runtime
     args = [
         "serve",
@@ -59,9 +58,11 @@ def runtime_args(name: str, spec: InferenceModelSpec, mount: ModelMount) -> list
         "--dtype", rt.dtype,
         "--kv-cache-memory", kv_cache_arg(rt.kv_cache_memory),
         "--block-size", str(rt.block_size),
+        "--device", "cuda" if spec.resources.gpus else "cpu",
+        "--shutdown-timeout", str(drain_seconds),
     ]
     if not rt.prefix_caching:
         args.append("--no-prefix-caching")
     if spec.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-    return args + mount.extra_args + list(rt.args)
+    return args + list(rt.args)
