@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 EXTRAS ?= engine,gateway,operator,demo,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install run test test-unit bench-engine bench-serve cluster-up cluster-down clean
+.PHONY: install run test test-unit crds bench-engine bench-serve bench-gateway cluster-build cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,20 @@ bench-engine: install
 
 bench-serve: install
 	$(PY) bench/serve_bench.py --help
+
+# Installs LiteLLM (pinned) into its own venv under /tmp on first use; never part of `make test`.
+bench-gateway: install
+	$(PY) bench/gateway_bench.py
+
+# Local control plane built from source (e2e/README.md); stdlib only, so no venv is needed.
+cluster-build:
+	$(PYTHON) -m e2e.cluster build
+
+cluster-up:
+	$(PYTHON) -m e2e.cluster up
+
+cluster-down:
+	$(PYTHON) -m e2e.cluster down
 
 crds: install
 	$(VENV)/bin/sluice-operator crds --out crds
