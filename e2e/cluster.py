@@ -1,0 +1,198 @@
+"""Starts and stops a local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok) on loopback.
+
+kwokctl's binary runtime runs the components as local processes, with generated certificates,
+service-account signing keys, RBAC and admission on. One simulated node, whose pods get
+loopback addresses from its podCIDR, is created on top.
+
+    python -m e2e.cluster up|down|status|build
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from e2e import binaries
+
+DEFAULT_NAME = "sluice"
+NODE_NAME = "kwok-node-0"
+STAGES_FILE = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
+# 127.0.0.0/8 is all local on Linux, so every pod address can be bound by a local process.
+POD_CIDR = "127.1.0.0/24"
+
+NODE_MANIFEST = f"""
+apiVersion: v1
+kind: Node
+metadata:
+  name: {NODE_NAME}
+  annotations:
+    kwok.x-k8s.io/node: fake
+  labels:
+    kubernetes.io/hostname: {NODE_NAME}
+    kubernetes.io/os: linux
+    type: kwok
+spec:
+  podCIDR: {POD_CIDR}
+  podCIDRs: [{POD_CIDR}]
+"""
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class LocalCluster:
+    """A named cluster whose binaries and state live under `cache` (default: $SLUICE_CLUSTER_CACHE)."""
+
+    name: str = DEFAULT_NAME
+    cache: Path = field(default_factory=binaries.cache_dir)
+    kubeconfig_path: Path | None = None
+    log: object = print
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.cache / "bin"
+
+    @property
+    def kubeconfig(self) -> str:
+        if self.kubeconfig_path is not None:
+            return str(self.kubeconfig_path)
+        suffix = "" if self.name == DEFAULT_NAME else f"-{self.name}"
+        return str(self.cache / f"kubeconfig{suffix}")
+
+    @property
+    def kwok_workdir(self) -> Path:
+        return self.cache / "kwok"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = self.kubeconfig
+        env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        env["KWOK_WORKDIR"] = str(self.kwok_workdir)
+        env["KWOK_KUBE_VERSION"] = binaries.KUBERNETES_VERSION
+        # The helm client keeps its own state; keep it with the cluster, not in the user's home.
+        env.setdefault("HELM_CACHE_HOME", str(self.cache / "helm/cache"))
+        env.setdefault("HELM_CONFIG_HOME", str(self.cache / "helm/config"))
+        env.setdefault("HELM_DATA_HOME", str(self.cache / "helm/data"))
+        return env
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120):
+        argv = [str(self.bin_dir / "kubectl"), "--kubeconfig", self.kubeconfig, *args]
+        result = subprocess.run(argv, env=self.env, capture_output=True, text=True, input=input, timeout=timeout)
+        if check and result.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed (exit {result.returncode}): {result.stderr.strip()}")
+        return result
+
+    def _kwokctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        argv = [str(self.bin_dir / "kwokctl"), "--name", self.name, *args]
+        result = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=300)
+        if check and result.returncode != 0:
+            raise ClusterError(f"kwokctl {' '.join(args)} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+        return result
+
+    @contextmanager
+    def _locked(self, what: str):
+        # Several test sessions may share one cache; only one of them builds or starts a cluster at a time.
+        self.cache.mkdir(parents=True, exist_ok=True)
+        with open(self.cache / f".lock-{what}", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def build(self) -> dict[str, float]:
+        with self._locked("build"):
+            return binaries.build(self.bin_dir, log=self.log)
+
+    def is_running(self) -> bool:
+        if not (self.kwok_workdir / "clusters" / self.name).exists() or not Path(self.kubeconfig).exists():
+            return False
+        probe = self.kubectl("get", "--raw", "/readyz", check=False, timeout=15)
+        return probe.returncode == 0 and probe.stdout.strip() == "ok"
+
+    def up(self) -> float:
+        """Builds if needed, then starts the cluster unless it already runs; returns seconds spent starting."""
+        self.build()
+        with self._locked(f"cluster-{self.name}"):
+            if self.is_running():
+                self._ensure_node()
+                return 0.0
+            started = time.monotonic()
+            if (self.kwok_workdir / "clusters" / self.name).exists():
+                # State from a cluster whose processes are gone (a reboot, a killed session): start afresh.
+                self._kwokctl("delete", "cluster", "--kubeconfig", self.kubeconfig, check=False)
+            self._kwokctl(*self._create_args())
+            self._ensure_node()
+            seconds = time.monotonic() - started
+            self.log(f"cluster: {self.name} up in {seconds:.1f} s, KUBECONFIG={self.kubeconfig}")
+            return seconds
+
+    def _create_args(self) -> list[str]:
+        bins = self.bin_dir
+        return [
+            "--config", str(STAGES_FILE),
+            "create", "cluster",
+            "--runtime", "binary",
+            "--kubeconfig", self.kubeconfig,
+            "--kube-apiserver-binary", str(bins / "kube-apiserver"),
+            "--kube-controller-manager-binary", str(bins / "kube-controller-manager"),
+            "--kube-scheduler-binary", str(bins / "kube-scheduler"),
+            "--kwok-controller-binary", str(bins / "kwok"),
+            "--etcd-binary", str(bins / "etcd"),
+            "--kube-authorization=true",
+            "--kube-admission=true",
+            "--wait", "120s",
+        ]
+
+    def _ensure_node(self) -> None:
+        self.kubectl("apply", "-f", "-", input=NODE_MANIFEST)
+        self.kubectl("wait", "--for=condition=Ready", f"node/{NODE_NAME}", "--timeout=120s")
+        # Pods are rejected until the service-account controller has made the namespace's default account.
+        deadline = time.monotonic() + 120
+        while self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise ClusterError("the default service account never appeared; is kube-controller-manager running?")
+            time.sleep(0.5)
+
+    def down(self) -> None:
+        with self._locked(f"cluster-{self.name}"):
+            if (self.kwok_workdir / "clusters" / self.name).exists():
+                self._kwokctl("delete", "cluster", "--kubeconfig", self.kubeconfig)
+            Path(self.kubeconfig).unlink(missing_ok=True)
+            self.log(f"cluster: {self.name} down")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.split("\n")[0])
+    parser.add_argument("action", choices=["build", "up", "down", "status"])
+    parser.add_argument("--name", default=DEFAULT_NAME, help="cluster name (default: %(default)s)")
+    args = parser.parse_args(argv)
+    cluster = LocalCluster(name=args.name, log=lambda line: print(line, flush=True))
+    try:
+        if args.action == "build":
+            started = time.monotonic()
+            spent = cluster.build()
+            print(f"cluster: build took {time.monotonic() - started:.0f} s" if spent else "cluster: binaries up to date")
+        elif args.action == "up":
+            cluster.up()
+            print(f"export KUBECONFIG={cluster.kubeconfig}")
+        elif args.action == "down":
+            cluster.down()
+        else:
+            running = cluster.is_running()
+            print(f"{cluster.name}: {'running' if running else 'not running'}, KUBECONFIG={cluster.kubeconfig}")
+            return 0 if running else 1
+    except (ClusterError, binaries.BuildError) as error:
+        print(f"cluster: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The launcher runs opted-in pods of the kwok node as local processes bound to their pod IP."""
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+SERVER = str(Path(__file__).with_name("gated_http_server.py"))
+PORT = 8080
+
+
+def _wait_for(predicate, timeout: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _container(name: str, command: list[str], args: list[str] | None = None, **extra) -> dict:
+    return {
+        "name": name,
+        "image": "local/process:1",
+        "command": command,
+        "args": args or [],
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "GREETING", "value": "hello from $(POD_NAME)"},
+        ],
+        **extra,
+    }
+
+
+def _gated_server_deployment(name: str, gate: Path) -> str:
+    container = _container(
+        "server", ["python"], [SERVER, "$(POD_IP)", str(PORT), str(gate)],
+        ports=[{"name": "http", "containerPort": PORT}],
+        readinessProbe={"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1, "failureThreshold": 1},
+    )
+    return yaml.safe_dump({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, "sluice.dev/launch": "true"}},
+                "spec": {"containers": [container], "terminationGracePeriodSeconds": 5},
+            },
+        },
+    })
+
+
+def _pods(cluster, namespace: str, selector: str) -> list[dict]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+    return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def _get(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return json.loads(response.read())
+    except (OSError, urllib.error.URLError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_pod_becomes_ready_only_once_its_server_answers_the_readiness_probe(kube_cluster, kube_namespace, launcher, tmp_path):
+    gate = tmp_path / "ready"
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_gated_server_deployment("gated", gate))
+
+    pod = _wait_for(lambda: next(iter(_pods(kube_cluster, kube_namespace, "app=gated")), None), what="the pod")
+    name = pod["metadata"]["name"]
+    pod_ip = _wait_for(lambda: _pods(kube_cluster, kube_namespace, "app=gated")[0]["status"].get("podIP"), what="a pod IP")
+    served = _wait_for(lambda: _get(f"http://{pod_ip}:{PORT}/"), what="the local process to serve on the pod IP")
+    assert served == {"pid": served["pid"], "greeting": f"hello from {name}", "pod_name": name, "bound_to": pod_ip}
+
+    # Serving but failing its probe: several probe periods later the pod is still not Ready.
+    time.sleep(3)
+    pod = _pods(kube_cluster, kube_namespace, "app=gated")[0]
+    assert not _ready(pod)
+    assert pod["status"]["containerStatuses"][0]["state"].keys() == {"running"}
+    available = kube_cluster.kubectl("get", "deployment", "gated", "-n", kube_namespace, "-o", "jsonpath={.status.availableReplicas}").stdout
+    assert available in ("", "0")
+
+    gate.touch()
+    _wait_for(lambda: _ready(_pods(kube_cluster, kube_namespace, "app=gated")[0]), timeout=30, what="Ready after the gate opened")
+    kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/gated", "--timeout=30s")
+
+    # Readiness keeps following the probe: closing the gate takes the pod out of service again.
+    gate.unlink()
+    _wait_for(lambda: not _ready(_pods(kube_cluster, kube_namespace, "app=gated")[0]), timeout=30, what="NotReady after the gate closed")
+
+
+def test_deleting_the_pod_stops_its_process(kube_cluster, kube_namespace, launcher, tmp_path):
+    gate = tmp_path / "ready"
+    gate.touch()
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_gated_server_deployment("doomed", gate))
+    kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/doomed", "--timeout=60s")
+    pod = _pods(kube_cluster, kube_namespace, "app=doomed")[0]
+    first = _get(f"http://{pod['status']['podIP']}:{PORT}/")
+    assert first is not None and _alive(first["pid"])
+
+    kube_cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", kube_namespace, "--wait=true", "--timeout=30s")
+    _wait_for(lambda: not _alive(first["pid"]), timeout=15, what="the deleted pod's process to stop")
+
+    # The ReplicaSet's replacement gets a process of its own.
+    kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/doomed", "--timeout=60s")
+    replacement = _wait_for(
+        lambda: [p for p in _pods(kube_cluster, kube_namespace, "app=doomed") if p["metadata"]["name"] != pod["metadata"]["name"] and _ready(p)],
+        what="a Ready replacement pod",
+    )[0]
+    second = _wait_for(lambda: _get(f"http://{replacement['status']['podIP']}:{PORT}/"), what="the replacement to serve")
+    assert second["pid"] != first["pid"] and second["pod_name"] == replacement["metadata"]["name"]
+
+
+def _bare_pod(name: str, container: dict) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"sluice.dev/launch": "true"}},
+        "spec": {"containers": [container], "restartPolicy": "Always"},
+    })
+
+
+def test_a_crashing_process_is_restarted_and_reported(kube_cluster, kube_namespace, launcher):
+    crash = _container("crash", ["python"], ["-c", "import sys; sys.exit(3)"])
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_bare_pod("crasher", crash))
+
+    def restarted():
+        pod = json.loads(kube_cluster.kubectl("get", "pod", "crasher", "-n", kube_namespace, "-o", "json").stdout)
+        statuses = pod["status"].get("containerStatuses") or [{}]
+        return statuses[0] if statuses[0].get("restartCount", 0) >= 2 else None
+
+    status = _wait_for(restarted, timeout=30, what="two restarts")
+    assert status["lastState"]["terminated"]["exitCode"] == 3
+    assert status["ready"] is False
+
+
+def test_an_unrunnable_command_is_reported_in_the_pod_status(kube_cluster, kube_namespace, launcher):
+    missing = _container("main", ["no-such-program-anywhere"])
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_bare_pod("broken", missing))
+
+    def waiting():
+        pod = json.loads(kube_cluster.kubectl("get", "pod", "broken", "-n", kube_namespace, "-o", "json").stdout)
+        state = ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("waiting", {})
+        return state if state.get("reason") == "CreateContainerConfigError" else None
+
+    state = _wait_for(waiting, timeout=30, what="CreateContainerConfigError")
+    assert "no-such-program-anywhere" in state["message"]
