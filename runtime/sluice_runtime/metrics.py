@@ -93,7 +93,9 @@ class RuntimeMetrics:
         self._http.labels(endpoint, str(status)).inc()
 
     def observe_cancelled(self) -> None:
+        """The client left; the engine request ended as an abort the server never saw finish."""
         self._cancelled.labels(self.model_name).inc()
+        self._success.labels(self.model_name, "abort").inc()
 
     def observe_rejected(self, reason: str) -> None:
         self._rejected.labels(self.model_name, reason).inc()

@@ -93,18 +93,22 @@ def validation_error(exc: RequestValidationError) -> APIError:
     return invalid_request(f"Invalid value for {where}: {message}.{extra}", param=param, code="invalid_value")
 
 
+def _noted(request: Request, err: APIError) -> JSONResponse:
+    record = getattr(request.state, "record", None)
+    if record is not None:
+        record.error_code = err.code or err.type
+    return err.response()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Unexpected exceptions are caught by the request-context middleware, so they get a request id too."""
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        request.state.error_code = exc.code or exc.type
-        return exc.response()
+        return _noted(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = validation_error(exc)
-        request.state.error_code = err.code
-        return err.response()
+        return _noted(request, validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -114,5 +118,4 @@ def install_error_handlers(app: FastAPI) -> None:
         err = APIError(exc.status_code, message, type=_HTTP_TYPES.get(exc.status_code, "invalid_request_error"),
                        code="not_found" if exc.status_code == 404 else None,
                        headers=dict(exc.headers or {}))
-        request.state.error_code = err.code
-        return err.response()
+        return _noted(request, err)
