@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -183,10 +184,11 @@ class Picker:
             ring = self._rings[backend.endpoints] = _Ring(backend.endpoints)
         by_url = {s.url: s for s in candidates}
         if bounded:
-            # Consistent hashing with bounded loads: skip an endpoint already above the average by the factor.
-            cap = self._settings.load_bound * (sum(s.score() for s in candidates) + 1) / len(candidates)
+            # Consistent hashing with bounded loads, over this replica's own in-flight counts: exact and current,
+            # unlike polled figures up to an interval old, which would move prefixes off their cache for nothing.
+            cap = math.ceil(self._settings.load_bound * (sum(s.in_flight for s in candidates) + 1) / len(candidates))
         for url in ring.walk(key):
             state = by_url.get(url)
-            if state is not None and (not bounded or state.score() <= cap):
+            if state is not None and (not bounded or state.in_flight < cap):
                 return state
-        return min(candidates, key=lambda s: s.score())
+        return min(candidates, key=lambda s: s.in_flight)
