@@ -77,8 +77,12 @@ COMPONENTS = (
         module="kubernetes",
     ),
     Component(name="etcd", binaries=("etcd",), packages=("go.etcd.io/etcd/server/v3",), module="etcd"),
-    Component(name="kwok", binaries=("kwok",), packages=(f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}",)),
-    Component(name="kwokctl", binaries=("kwokctl",), packages=(f"sigs.k8s.io/kwok/cmd/kwokctl@{KWOK_VERSION}",)),
+    # One `go install` for both, so their shared packages compile once.
+    Component(
+        name="kwok",
+        binaries=("kwok", "kwokctl"),
+        packages=(f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}", f"sigs.k8s.io/kwok/cmd/kwokctl@{KWOK_VERSION}"),
+    ),
     Component(name="helm", binaries=("helm",), packages=(f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}",)),
 )
 

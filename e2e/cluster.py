@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import os
 import subprocess
 import sys
@@ -116,11 +117,27 @@ class LocalCluster:
         probe = self.kubectl("get", "--raw", "/readyz", check=False, timeout=15)
         return probe.returncode == 0 and probe.stdout.strip() == "ok"
 
+    @property
+    def _settings_file(self) -> Path:
+        return self.kwok_workdir / "clusters" / self.name / "sluice-settings"
+
+    def _settings(self) -> str:
+        """What the running cluster was made from, to notice a cluster left over from older settings."""
+        digest = hashlib.sha256(STAGES_FILE.read_bytes() + NODE_MANIFEST.encode())
+        digest.update(" ".join(self._create_args()).encode())
+        digest.update((self.bin_dir / ".built.json").read_bytes())
+        return digest.hexdigest()
+
     def up(self) -> float:
         """Builds if needed, then starts the cluster unless it already runs; returns seconds spent starting."""
         self.build()
         with self._locked(f"cluster-{self.name}"):
             if self.is_running():
+                recorded = self._settings_file.read_text() if self._settings_file.exists() else ""
+                if recorded != self._settings():
+                    # Restarting it here would break other sessions using it; say so instead.
+                    self.log(f"cluster: {self.name} runs with older binaries or settings; "
+                             "`make cluster-down cluster-up` to refresh it")
                 self._ensure_node()
                 return 0.0
             started = time.monotonic()
@@ -128,6 +145,7 @@ class LocalCluster:
                 # State from a cluster whose processes are gone (a reboot, a killed session): start afresh.
                 self._kwokctl("delete", "cluster", "--kubeconfig", self.kubeconfig, check=False)
             self._kwokctl(*self._create_args())
+            self._settings_file.write_text(self._settings())
             self._ensure_node()
             seconds = time.monotonic() - started
             self.log(f"cluster: {self.name} up in {seconds:.1f} s, KUBECONFIG={self.kubeconfig}")
@@ -175,16 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cluster = LocalCluster(name=args.name, log=lambda line: print(line, flush=True))
     try:
-        if args.action == "build":
+        if args.action in ("build", "up"):
             started = time.monotonic()
             spent = cluster.build()
             print(f"cluster: build took {time.monotonic() - started:.0f} s" if spent else "cluster: binaries up to date")
-        elif args.action == "up":
+        if args.action == "up":
             cluster.up()
             print(f"export KUBECONFIG={cluster.kubeconfig}")
-        elif args.action == "down":
+        if args.action == "down":
             cluster.down()
-        else:
+        if args.action == "status":
             running = cluster.is_running()
             print(f"{cluster.name}: {'running' if running else 'not running'}, KUBECONFIG={cluster.kubeconfig}")
             return 0 if running else 1
