@@ -10,9 +10,10 @@ from typing import Any, Iterable, Mapping
 
 from sluice_gateway.routing_table import Backend, Capabilities, Route, RoutingTable
 
-from .crd import RUNTIME_PORT, InferenceModelSpec, ModelRouteSpec
+from .crd import LABEL_MODEL, RUNTIME_PORT, InferenceModelSpec, ModelRouteSpec
 
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+# Set on a pod the autoscaler is about to remove: the router stops sending it requests first.
+DRAINING_ANNOTATION = "sluice.dev/draining"
 
 
 @dataclass(frozen=True)
@@ -32,33 +33,38 @@ class Compiled:
     verdicts: dict[str, RouteVerdict]
 
 
-def _url(address: str, port: int) -> str:
+def _url(address: str) -> str:
     try:
         is_v6 = ipaddress.ip_address(address).version == 6
     except ValueError:
         is_v6 = False
-    return f"http://[{address}]:{port}" if is_v6 else f"http://{address}:{port}"
+    return f"http://[{address}]:{RUNTIME_PORT}" if is_v6 else f"http://{address}:{RUNTIME_PORT}"
 
 
-def ready_endpoints(slices: Iterable[Mapping[str, Any]], draining_pods: frozenset[str] = frozenset()) -> dict[str, list[str]]:
-    """EndpointSlices → service name → sorted ready URLs, leaving out pods the autoscaler is draining."""
+def _serving(pod: Mapping[str, Any]) -> bool:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get(DRAINING_ANNOTATION):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def ready_endpoints(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Runtime pods → InferenceModel name → sorted URLs of the pods that pass readiness and are not leaving.
+
+    Read from the pods themselves rather than EndpointSlices: the same facts one hop earlier, and pods carry
+    the autoscaler's draining mark.
+    """
     found: dict[str, set[str]] = {}
-    for eps in slices:
-        service = (eps.get("metadata", {}).get("labels") or {}).get(SERVICE_NAME_LABEL)
-        if not service:
+    for pod in pods:
+        model = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_MODEL)
+        if not model:
             continue
-        ports = eps.get("ports") or []
-        port = next((p.get("port") for p in ports if p.get("name") == "http" and p.get("port")), RUNTIME_PORT)
-        urls = found.setdefault(service, set())
-        for endpoint in eps.get("endpoints") or []:
-            conditions = endpoint.get("conditions") or {}
-            # The EndpointSlice API says an unset `ready` means ready.
-            if conditions.get("ready") is False or conditions.get("terminating"):
-                continue
-            if (endpoint.get("targetRef") or {}).get("name") in draining_pods:
-                continue
-            urls.update(_url(address, port) for address in endpoint.get("addresses") or [])
-    return {service: sorted(urls) for service, urls in found.items()}
+        urls = found.setdefault(model, set())
+        if _serving(pod):
+            status = pod.get("status") or {}
+            addresses = [ip["ip"] for ip in status.get("podIPs") or [] if ip.get("ip")] or [status.get("podIP")]
+            urls.update(_url(address) for address in addresses if address)
+    return {model: sorted(urls) for model, urls in found.items()}
 
 
 def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mapping[str, list[str]]) -> Backend:

@@ -61,7 +61,7 @@ def test_inference_model_has_scale_subresource_and_printer_columns():
 def test_defaults_reach_nested_objects():
     spec = all_definitions()["sluice.dev_inferencemodels.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"]["spec"]["properties"]
-    assert spec["runtime"]["default"] == {}
+    assert spec["runtime"]["default"]["maxModelLen"] == 2048 and spec["rollout"]["default"]["maxSurge"] == 1
     assert spec["runtime"]["properties"]["maxModelLen"]["default"] == 2048
     assert spec["autoscaling"]["properties"]["targetKVCacheUsage"]["default"] == 0.7
 

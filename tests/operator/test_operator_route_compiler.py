@@ -1,4 +1,4 @@
-"""ModelRoutes + InferenceModels + EndpointSlices → the gateway's routing table."""
+"""ModelRoutes + InferenceModels + ready runtime pods → the gateway's routing table."""
 from sluice_gateway.routing_table import parse_routing_table
 
 from sluice_operator.crd import InferenceModelSpec, ModelRouteSpec
@@ -13,30 +13,28 @@ def _route(model, backends, **fields):
     return ModelRouteSpec.model_validate({"model": model, "backends": backends, **fields})
 
 
-def _slice(service, endpoints, port=8000):
-    return {
-        "metadata": {"labels": {"kubernetes.io/service-name": service}},
-        "ports": [{"name": "http", "port": port}],
-        "endpoints": endpoints,
-    }
+def _pod(model, ip, name, ready=True, deleting=False, draining=False):
+    meta = {"name": name, "labels": {"sluice.dev/inference-model": model}, "annotations": {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if draining:
+        meta["annotations"]["sluice.dev/draining"] = "true"
+    return {"metadata": meta, "status": {"podIP": ip, "podIPs": [{"ip": ip}] if ip else [],
+                                         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
-def _ep(address, pod, ready=True, terminating=False):
-    return {"addresses": [address], "conditions": {"ready": ready, "terminating": terminating},
-            "targetRef": {"kind": "Pod", "name": pod}}
-
-
-def test_only_ready_not_draining_endpoints_are_published():
-    slices = [
-        _slice("v1", [_ep("10.0.0.2", "v1-a"), _ep("10.0.0.1", "v1-b"), _ep("10.0.0.3", "v1-c", ready=False)]),
-        _slice("v1", [_ep("10.0.0.4", "v1-d", terminating=True), _ep("fd00::5", "v1-e")]),
-        _slice("v2", [_ep("10.0.1.1", "v2-a"), _ep("10.0.1.2", "v2-b")]),
-        {"metadata": {"labels": {}}, "endpoints": [_ep("10.9.9.9", "stranger")]},
+def test_only_ready_pods_that_are_not_leaving_are_published():
+    pods = [
+        _pod("v1", "10.0.0.2", "v1-a"), _pod("v1", "10.0.0.1", "v1-b"), _pod("v1", "10.0.0.3", "v1-c", ready=False),
+        _pod("v1", "10.0.0.4", "v1-d", deleting=True), _pod("v1", "fd00::5", "v1-e"),
+        _pod("v2", "10.0.1.1", "v2-a"), _pod("v2", "10.0.1.2", "v2-b", draining=True), _pod("v2", None, "v2-c"),
+        _pod("v3", "10.0.2.1", "v3-a", ready=False),
+        {"metadata": {"name": "stranger", "labels": {}}, "status": {"podIP": "10.9.9.9"}},
     ]
-    found = ready_endpoints(slices, draining_pods=frozenset({"v2-b"}))
-    assert found == {
+    assert ready_endpoints(pods) == {
         "v1": ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://[fd00::5]:8000"],
         "v2": ["http://10.0.1.1:8000"],
+        "v3": [],
     }
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..crd import API_VERSION, InferenceModel
-LABEL_MODEL = "sluice.dev/inference-model"
-MANAGED_BY = "sluice-operator"
+from ..crd import API_VERSION, LABEL_MODEL, MANAGED_BY, InferenceModel
 
 
 @dataclass(frozen=True)

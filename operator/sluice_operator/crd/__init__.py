@@ -1,5 +1,5 @@
 """Custom resource models (the source of truth) and the CRDs generated from them."""
-from .base import API_VERSION, GROUP, RUNTIME_PORT, VERSION
+from .base import API_VERSION, GROUP, LABEL_MODEL, MANAGED_BY, RUNTIME_PORT, VERSION
 from .inference_model import InferenceModel, InferenceModelSpec, InferenceModelStatus
 from .model_route import ModelRoute, ModelRouteSpec, ModelRouteStatus
 from .status import Condition
@@ -7,7 +7,7 @@ from .status import Condition
 KINDS = (InferenceModel, ModelRoute)
 
 __all__ = [
-    "API_VERSION", "GROUP", "RUNTIME_PORT", "VERSION", "KINDS", "Condition",
+    "API_VERSION", "GROUP", "LABEL_MODEL", "MANAGED_BY", "RUNTIME_PORT", "VERSION", "KINDS", "Condition",
     "InferenceModel", "InferenceModelSpec", "InferenceModelStatus",
     "ModelRoute", "ModelRouteSpec", "ModelRouteStatus",
 ]

@@ -12,6 +12,9 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 # The runtime serves HTTP, probes and /metrics on this port (DESIGN.md).
 RUNTIME_PORT = 8000
+# Every object and pod Sluice makes for an InferenceModel carries its name under this label.
+LABEL_MODEL = "sluice.dev/inference-model"
+MANAGED_BY = "sluice-operator"
 
 
 class SpecModel(BaseModel):

@@ -223,16 +223,16 @@ class InferenceModelSpec(SpecModel):
         description="Model name the runtime answers to in the OpenAI API; the InferenceModel's name when unset.",
     )
     runtime: RuntimeSpec = Field(
-        default_factory=RuntimeSpec, description="Runtime image and engine settings.", json_schema_extra={"default": {}}
+        default_factory=RuntimeSpec, description="Runtime image and engine settings.", json_schema_extra={"default": RuntimeSpec().wire()}
     )
     resources: ResourcesSpec = Field(
         default_factory=ResourcesSpec, description="Compute of each runtime pod and where it may run.",
-        json_schema_extra={"default": {}},
+        json_schema_extra={"default": ResourcesSpec().wire()},
     )
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one replica shards the model across.")
     capabilities: Capabilities = Field(
         default_factory=Capabilities, description="What the model can do; the gateway routes by it.",
-        json_schema_extra={"default": {}},
+        json_schema_extra={"default": Capabilities().wire()},
     )
     replicas: int = Field(
         default=1, ge=1, le=1000,
@@ -242,7 +242,7 @@ class InferenceModelSpec(SpecModel):
         default=None, description="Scale on KV-cache usage and queued requests; fixed replicas when unset."
     )
     rollout: RolloutSpec = Field(
-        default_factory=RolloutSpec, description="How a spec change replaces pods.", json_schema_extra={"default": {}}
+        default_factory=RolloutSpec, description="How a spec change replaces pods.", json_schema_extra={"default": RolloutSpec().wire()}
     )
 
     model_config = {

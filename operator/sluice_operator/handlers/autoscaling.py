@@ -14,7 +14,8 @@ from ..builders import selector_string
 from ..crd import RUNTIME_PORT, InferenceModelSpec
 from ..crd.inference_model import AutoscalerDecision, AutoscalerMetrics
 from .model_status import now, request_refresh, unschedulable_message
-from .routing import DRAINING_ANNOTATION, request_compile
+from ..route_compiler import DRAINING_ANNOTATION
+from .routing import request_compile
 from .state import OperatorState, PendingDrain
 
 log = logging.getLogger(__name__)

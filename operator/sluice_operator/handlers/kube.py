@@ -32,7 +32,6 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(client)
         self.apps = kubernetes.client.AppsV1Api(client)
         self.policy = kubernetes.client.PolicyV1Api(client)
-        self.discovery = kubernetes.client.DiscoveryV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self._sanitize = client.sanitize_for_serialization
 
@@ -75,10 +74,6 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-
-    async def list_slices(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        result = await self._call(self.discovery.list_namespaced_endpoint_slice, namespace, label_selector=selector)
-        return result.get("items") or []
 
     async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

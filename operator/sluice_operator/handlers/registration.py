@@ -6,9 +6,7 @@ from typing import Any
 
 import kopf
 
-from ..builders import LABEL_MODEL
-from ..builders.names import MANAGED_BY
-from ..crd import GROUP, VERSION
+from ..crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION
 from . import autoscaling, inference_model
 from .model_status import request_refresh
 from .routing import request_compile
@@ -22,16 +20,17 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     @kopf.on.update(GROUP, VERSION, "inferencemodels", registry=registry)
     @kopf.on.resume(GROUP, VERSION, "inferencemodels", registry=registry)
     async def reconcile_model(body: kopf.Body, reason: Any, **_: Any) -> None:
-        await inference_model.reconcile(state, dict(body), str(reason))
+        await inference_model.reconcile(state, dict(body), str(getattr(reason, "value", reason)))
 
     @kopf.on.event(GROUP, VERSION, "inferencemodels", registry=registry)
     @kopf.on.event(GROUP, VERSION, "modelroutes", registry=registry)
     async def model_or_route_changed(namespace: str, **_: Any) -> None:
         request_compile(state, namespace)
 
-    @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)
-    async def endpoints_changed(namespace: str, **_: Any) -> None:
+    @kopf.on.event("", "v1", "pods", labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)
+    async def pod_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
         request_compile(state, namespace)
+        request_refresh(state, namespace, labels[LABEL_MODEL])
 
     @kopf.on.event("apps", "v1", "deployments", labels={**MANAGED, LABEL_MODEL: kopf.PRESENT}, registry=registry)
     async def deployment_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:

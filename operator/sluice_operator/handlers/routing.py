@@ -8,8 +8,7 @@ import kopf
 from pydantic import ValidationError
 from sluice_gateway.routing_table import RoutingTable, RoutingTableError, parse_routing_table
 
-from ..builders import LABEL_MODEL
-from ..crd import API_VERSION, Condition, InferenceModelSpec, ModelRouteSpec
+from ..crd import API_VERSION, LABEL_MODEL, Condition, InferenceModelSpec, ModelRouteSpec
 from ..crd.status import merge_conditions
 from ..route_compiler import RouteVerdict, compile_routes, ready_endpoints
 from .model_status import now, request_refresh
@@ -19,8 +18,6 @@ log = logging.getLogger(__name__)
 
 ROUTING_TABLE = "sluice-routing-table"
 ROUTING_TABLE_KEY = "routing-table.json"
-# Set on a pod the autoscaler is about to remove: the router stops sending it requests first.
-DRAINING_ANNOTATION = "sluice.dev/draining"
 
 
 async def _previous(state: OperatorState, namespace: str) -> RoutingTable | None:
@@ -85,11 +82,7 @@ async def compile_namespace(state: OperatorState, namespace: str) -> None:
         await kube.delete_config_map(namespace, ROUTING_TABLE)
         state.tables.pop(namespace, None)
         return
-    slices = await kube.list_slices(namespace, LABEL_MODEL)
     pods = await kube.list_pods(namespace, LABEL_MODEL)
-    draining = frozenset(
-        p["metadata"]["name"] for p in pods if (p["metadata"].get("annotations") or {}).get(DRAINING_ANNOTATION)
-    )
     models: dict[str, InferenceModelSpec] = {}
     for obj in model_objs:
         try:
@@ -103,7 +96,7 @@ async def compile_namespace(state: OperatorState, namespace: str) -> None:
             routes[obj["metadata"]["name"]] = ModelRouteSpec.model_validate(obj.get("spec") or {})
         except ValidationError as exc:
             invalid[obj["metadata"]["name"]] = RouteVerdict(False, "InvalidSpec", str(exc.errors()[0]["msg"]), 0, 0)
-    endpoints = ready_endpoints(slices, draining)
+    endpoints = ready_endpoints(pods)
     previous = await _previous(state, namespace)
     compiled = compile_routes(models, routes, endpoints, previous)
     if previous is None or compiled.table.generation != previous.generation:

@@ -32,6 +32,11 @@ def run_operator(options: OperatorOptions) -> int:
     registry = kopf.OperatorRegistry()
     register(registry, state)
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # The same credentials as the kubernetes client: in-cluster service account or $KUBECONFIG.
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Progress and the last-handled spec live in annotations: the status belongs to our schema.
@@ -40,7 +45,7 @@ def run_operator(options: OperatorOptions) -> int:
             prefix="sluice.dev", key="last-handled-configuration"
         )
         # Events are written on purpose (kopf.info/warn); log lines stay in the log.
-        settings.posting.level = logging.WARNING
+        settings.posting.loggers = False
         settings.watching.server_timeout = 300
         if options.peering:
             if options.namespaces:

@@ -1,0 +1,332 @@
+"""The operator against a real kube-apiserver (the local control plane, pods simulated by kwok).
+
+The operator runs as a subprocess (`sluice-operator run`) with the token of a service account bound to the
+RBAC rules it ships (operator/sluice_operator/rbac/operator.yaml), not as admin. kwok marks the runtime pods
+Ready without running them and gives them 127.1.0.x addresses; nothing listens there, which is what the
+autoscaler safety-rail test relies on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RBAC = ROOT / "operator" / "sluice_operator" / "rbac" / "operator.yaml"
+SAMPLES = ROOT / "config" / "samples"
+INVALID = yaml.safe_load((Path(__file__).parent / "data" / "invalid_specs.yaml").read_text())
+TABLE = "sluice-routing-table"
+
+
+def wait_for(check, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last value: {last!r}")
+
+
+class Api:
+    """kubectl as the admin user, for the test's own reads and writes."""
+
+    def __init__(self, cluster, namespace: str):
+        self.cluster, self.namespace = cluster, namespace
+
+    def run(self, *args: str, input: str | None = None, check: bool = True):
+        return self.cluster.kubectl("-n", self.namespace, *args, input=input, check=check)
+
+    def get(self, kind: str, name: str) -> dict | None:
+        result = self.run("get", kind, name, "-o", "json", check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def apply(self, doc: dict | str):
+        text = doc if isinstance(doc, str) else yaml.safe_dump(doc)
+        return self.run("apply", "-f", "-", input=text)
+
+    def condition(self, kind: str, name: str, type_: str) -> dict:
+        obj = self.get(kind, name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+    def table(self) -> dict | None:
+        cm = self.get("configmap", TABLE)
+        return json.loads(cm["data"]["routing-table.json"]) if cm else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _service_account_kubeconfig(cluster, namespace: str, path: Path) -> None:
+    """A kubeconfig holding only the operator service account's token."""
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    server = next(c for c in admin["clusters"] if c["name"] == context["cluster"])["cluster"]
+    token = cluster.kubectl("-n", namespace, "create", "token", "sluice-operator", "--duration", "2h").stdout.strip()
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
+        "clusters": [{"name": "local", "cluster": server}],
+        "users": [{"name": "sluice-operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": "local", "user": "sluice-operator"}}],
+    }))
+
+
+class Operator:
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path):
+        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        port = _free_port()
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "sluice-operator"), "run", "--namespace", self.namespace,
+             "--peering", f"sluice-test-{uuid.uuid4().hex[:6]}", "--health-port", str(port),
+             "--autoscale-interval", "2"],
+            env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+        )
+
+        def healthy():
+            assert self.process.poll() is None, f"operator exited: {self.log.read_text()[-3000:]}"
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, timeout=60, what="the operator's /healthz")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def forbidden(self) -> list[str]:
+        return [line for line in self.log.read_text().splitlines() if "forbidden" in line.lower()]
+
+
+@pytest.fixture(scope="module")
+def setup(kube_cluster, tmp_path_factory):
+    namespace = f"op-{uuid.uuid4().hex[:8]}"
+    kube_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    kube_cluster.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
+                         "crd/inferencemodels.sluice.dev", "crd/modelroutes.sluice.dev")
+    kube_cluster.kubectl("create", "namespace", namespace)
+    rbac = RBAC.read_text().replace("namespace: sluice-system", f"namespace: {namespace}").replace(
+        "name: sluice-operator\n  labels", f"name: sluice-operator-{namespace}\n  labels").replace(
+        "kind: ClusterRole, name: sluice-operator}", f"kind: ClusterRole, name: sluice-operator-{namespace}}}")
+    kube_cluster.kubectl("apply", "-f", "-", input=rbac)
+    tmp = tmp_path_factory.mktemp("operator")
+    kubeconfig = tmp / "kubeconfig"
+    _service_account_kubeconfig(kube_cluster, namespace, kubeconfig)
+    operator = Operator(kubeconfig, namespace, tmp / "operator.log")
+    operator.start()
+    yield Api(kube_cluster, namespace), operator
+    operator.stop()
+    print(f"operator log: {operator.log}")
+    kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    kube_cluster.kubectl("delete", "clusterrole,clusterrolebinding", f"sluice-operator-{namespace}", check=False)
+
+
+@pytest.fixture(scope="module")
+def samples(setup):
+    api, operator = setup
+    for path in sorted(SAMPLES.glob("*.yaml")):
+        api.apply(path.read_text())
+    wait_for(lambda: api.condition("im", "smollm2", "Ready").get("status") == "True", timeout=60,
+             what="the sample InferenceModel to be Ready")
+    return api
+
+
+def test_rbac_names_in_the_test_copy_match_the_shipped_file():
+    docs = list(yaml.safe_load_all(RBAC.read_text()))
+    assert [d["kind"] for d in docs] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+    assert docs[2]["roleRef"]["name"] == docs[1]["metadata"]["name"] == "sluice-operator"
+
+
+@pytest.mark.parametrize("case", INVALID, ids=lambda c: c["case"])
+def test_api_server_refuses_invalid_specs(setup, case):
+    api, _ = setup
+    doc = {"apiVersion": "sluice.dev/v1alpha1", "kind": case["kind"], "metadata": {"name": "bad"},
+           "spec": case["spec"]}
+    result = api.run("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert result.returncode != 0, f"{case['case']} was accepted"
+    assert case["api"] in result.stderr, result.stderr
+
+
+def test_invalid_name_is_refused(setup):
+    api, _ = setup
+    doc = {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "x." * 40 + "y"},
+           "spec": {"model": {"source": "smollm2"}}}
+    result = api.run("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert "the Service of the model takes the same name" in result.stderr
+
+
+def test_sample_becomes_deployment_service_and_budget(samples):
+    api = samples
+    model = api.get("im", "smollm2")
+    for kind in ("deployment", "service", "poddisruptionbudget"):
+        obj = api.get(kind, "smollm2")
+        assert obj is not None, f"no {kind}"
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref["uid"] == model["metadata"]["uid"]
+    container = api.get("deployment", "smollm2")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:3] == ["serve", "--model", "smollm2"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    status = model["status"]
+    assert status["observedGeneration"] == model["metadata"]["generation"]
+    assert status["readyReplicas"] == 1 and status["selector"]
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True", "Progressing": "False", "Degraded": "False"}
+    events = api.run("get", "events", "--field-selector", "involvedObject.name=smollm2", "-o", "json").stdout
+    assert any(e["reason"] == "Reconciled" for e in json.loads(events)["items"])
+    listed = api.run("get", "im").stdout
+    assert "smollm2" in listed and "Serving" in listed
+
+
+def test_routing_table_lists_ready_pods_and_routes(samples):
+    api = samples
+    pods = json.loads(api.run("get", "pods", "-l", "sluice.dev/inference-model=smollm2", "-o", "json").stdout)
+    ips = sorted(f"http://{p['status']['podIP']}:8000" for p in pods["items"] if p["status"].get("podIP"))
+    table = wait_for(lambda: (t := api.table()) and t["routes"].get("chat", {}).get("backends", [{}])[0].get(
+        "endpoints") and t, what="the chat route with endpoints")
+    chat = table["routes"]["chat"]
+    assert chat["affinity"] == "prefix" and chat["backends"][0]["name"] == "smollm2"
+    assert list(chat["backends"][0]["endpoints"]) == ips
+    assert table["routes"]["smollm2"]["backends"][0]["servedModelName"] == "smollm2"
+    wait_for(lambda: api.condition("mr", "chat", "Ready").get("status") == "True", what="route Ready")
+
+
+def test_routing_table_follows_ready_pods(samples):
+    """Pods of a second model come and go with its replicas; the table follows within seconds."""
+    api = samples
+    api.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "extra"},
+               "spec": {"model": {"source": "smollm2"}}})
+
+    def endpoints():
+        routes = (api.table() or {}).get("routes") or {}
+        return (routes.get("extra", {}).get("backends") or [{}])[0].get("endpoints") or []
+
+    wait_for(lambda: len(endpoints()) == 1, what="the extra model's first endpoint")
+    timings = {}
+    for replicas in (3, 1):
+        started = time.monotonic()
+        api.run("scale", "im", "extra", "--replicas", str(replicas))
+        wait_for(lambda: len(endpoints()) == replicas, timeout=20, interval=0.05,
+                 what=f"{replicas} endpoints in the table")
+        timings[replicas] = time.monotonic() - started
+    print(f"kubectl scale to the routing table: up {timings[3]:.2f} s, down {timings[1]:.2f} s")
+    pods = json.loads(api.run("get", "pods", "-l", "sluice.dev/inference-model=extra", "-o", "json").stdout)
+    live = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+    assert endpoints() == [f"http://{p['status']['podIP']}:8000" for p in live]
+    api.run("delete", "im", "extra")
+    wait_for(lambda: "extra" not in ((api.table() or {}).get("routes") or {}), what="the extra route to go")
+
+
+def test_route_naming_a_missing_model_says_which(setup):
+    api, _ = setup
+    api.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "ModelRoute", "metadata": {"name": "broken"},
+               "spec": {"model": "broken", "backends": [{"inferenceModel": "ghost"}]}})
+    ready = wait_for(lambda: (c := api.condition("mr", "broken", "Ready")) and c.get("status") == "False" and c,
+                     what="Ready=False on the broken route")
+    assert ready["reason"] == "BackendsMissing" and "ghost" in ready["message"]
+    assert api.condition("mr", "broken", "Degraded")["status"] == "True"
+    api.run("delete", "mr", "broken")
+
+
+def test_spec_change_rolls_out_and_scale_works(samples):
+    api = samples
+    before = api.get("deployment", "smollm2")
+    api.run("patch", "im", "smollm2", "--type", "merge", "-p", json.dumps({"spec": {"runtime": {"maxNumSeqs": 16}}}))
+
+    def rolled():
+        dep = api.get("deployment", "smollm2")
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        return args[args.index("--max-num-seqs") + 1] == "16" and dep
+
+    after = wait_for(rolled, what="the new pod template")
+    assert after["metadata"]["generation"] > before["metadata"]["generation"]
+    generation = api.get("im", "smollm2")["metadata"]["generation"]
+    wait_for(lambda: api.get("im", "smollm2")["status"].get("observedGeneration") == generation,
+             what="observedGeneration to follow")
+    api.run("scale", "im", "smollm2", "--replicas", "2")
+    wait_for(lambda: api.get("deployment", "smollm2")["spec"]["replicas"] == 2, what="the Deployment to scale")
+    wait_for(lambda: len(api.table()["routes"]["chat"]["backends"][0]["endpoints"]) == 2, timeout=30,
+             what="two endpoints in the table")
+
+
+def test_autoscaler_holds_when_metrics_are_missing(samples):
+    """kwok pods are Ready but serve nothing: the scrape fails, so the autoscaler must hold, not shrink."""
+    api = samples
+    decision = wait_for(lambda: (api.get("im", "smollm2")["status"].get("autoscaler")), timeout=30,
+                        what="an autoscaler decision in status")
+    assert decision["action"] == "Hold" and "no usable metrics" in decision["reason"]
+    assert "unreachable" in decision["reason"]
+    assert decision["metrics"]["podsScraped"] == 0
+    assert api.get("im", "smollm2")["spec"]["replicas"] >= 1
+
+
+def test_unschedulable_model_is_degraded_not_retried(setup):
+    api, _ = setup
+    api.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "big"},
+               "spec": {"model": {"source": "smollm2"}, "resources": {"gpus": 1}}})
+    degraded = wait_for(lambda: (c := api.condition("im", "big", "Degraded")) and c.get("status") == "True" and c,
+                        timeout=60, what="Degraded on an unschedulable model")
+    assert degraded["reason"] == "Unschedulable" and "nvidia.com/gpu" in degraded["message"]
+    assert api.condition("im", "big", "Ready")["status"] == "False"
+    api.run("delete", "im", "big")
+
+
+def test_restart_changes_nothing(setup, samples):
+    api, operator = setup
+    time.sleep(1.0)
+    watched = [("im", "smollm2"), ("deployment", "smollm2"), ("service", "smollm2"), ("configmap", TABLE),
+               ("mr", "chat")]
+
+    def versions():
+        out = {}
+        for kind, name in watched:
+            obj = api.get(kind, name)
+            out[(kind, name)] = obj["metadata"]["resourceVersion"] if kind != "im" else (
+                obj["metadata"]["generation"], json.dumps(obj["status"].get("conditions")))
+        return out
+
+    before = versions()
+    operator.stop()
+    operator.start()
+    time.sleep(4.0)
+    assert versions() == before
+    assert operator.forbidden() == [], "the operator needed a permission its RBAC does not grant"
+
+
+def test_deletion_leaves_nothing_behind(setup, samples):
+    api, operator = setup
+    api.run("delete", "mr", "chat")
+    api.run("delete", "im", "smollm2")
+
+    def gone():
+        left = [k for k in ("deployment", "service", "poddisruptionbudget", "configmap") if
+                api.get(k, "smollm2" if k != "configmap" else TABLE)]
+        pods = api.run("get", "pods", "-o", "name").stdout.strip()
+        return not left and not pods and True
+
+    wait_for(gone, timeout=60, what="owned objects and the routing table to be deleted")
+    assert operator.forbidden() == []
