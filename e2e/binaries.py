@@ -10,10 +10,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 BUILD_DIR = Path(__file__).resolve().parent / "gomod"
 
@@ -113,8 +113,11 @@ def missing_components(bin_dir: Path) -> list[Component]:
     ]
 
 
-def build(bin_dir: Path, log=print) -> dict[str, float]:
+def build(bin_dir: Path, log: Callable[[str], None] = print) -> dict[str, float]:
     """Builds what is missing or stale into bin_dir; returns seconds spent per component built."""
+    missing = missing_components(bin_dir)
+    if not missing:
+        return {}
     go = go_binary()
     if go is None:
         raise BuildError("the Go toolchain is not installed (no `go` on PATH nor /usr/local/go/bin/go)")
@@ -122,8 +125,9 @@ def build(bin_dir: Path, log=print) -> dict[str, float]:
     env = dict(os.environ, GOBIN=str(bin_dir), GOTOOLCHAIN="local")
     env["PATH"] = f"{Path(go).parent}{os.pathsep}{env.get('PATH', '')}"
     timings: dict[str, float] = {}
-    for component in missing_components(bin_dir):
+    for component in missing:
         argv, cwd = component.command(bin_dir)
+        argv[0] = go
         log(f"cluster: building {component.name} ({', '.join(component.binaries)}) ...")
         started = time.monotonic()
         result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
@@ -140,10 +144,3 @@ def build(bin_dir: Path, log=print) -> dict[str, float]:
         stamps_file.write_text(json.dumps(stamps, indent=1))
     return timings
 
-
-if __name__ == "__main__":
-    try:
-        spent = build(cache_dir() / "bin")
-    except BuildError as error:
-        sys.exit(f"cluster: {error}")
-    print(f"cluster: build took {sum(spent.values()):.0f} s" if spent else "cluster: binaries up to date")

@@ -18,6 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from e2e import binaries
 
@@ -55,7 +56,7 @@ class LocalCluster:
     name: str = DEFAULT_NAME
     cache: Path = field(default_factory=binaries.cache_dir)
     kubeconfig_path: Path | None = None
-    log: object = print
+    log: Callable[[str], None] = print
 
     @property
     def bin_dir(self) -> Path:

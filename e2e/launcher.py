@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
@@ -36,6 +37,7 @@ CLAIM_ANNOTATION = "sluice.dev/launcher"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 MAX_GRACE_SECONDS = 30
 MAX_BACKOFF_SECONDS = 30
+CONFIG_RETRY_SECONDS = 2
 
 
 def _now() -> str:
@@ -124,7 +126,6 @@ class PodRunner(threading.Thread):
                 self.stopping.wait(0.1)
             if self.stopping.is_set():
                 return
-            self._prepare()
             while not self.stopping.is_set():
                 self._tick()
                 self._report()
@@ -136,14 +137,6 @@ class PodRunner(threading.Thread):
                 self._terminate(run)
             self._report(final=True)
 
-    def _prepare(self) -> None:
-        venv_bin = self.launcher.venv_bin
-        for run in self.containers:
-            try:
-                run.process = podspec.process_spec(self.pod, run.spec, self.launcher.read_object, venv_bin, dict(os.environ))
-            except (podspec.ContainerConfigError, KeyError) as error:
-                run.config_error = str(error)
-
     def _log_path(self, run: ContainerRun) -> Path:
         namespace, name = self.key
         return self.launcher.log_dir / f"{namespace}_{name}_{run.spec['name']}.log"
@@ -151,12 +144,18 @@ class PodRunner(threading.Thread):
     def _start(self, run: ContainerRun) -> None:
         now = time.monotonic()
         try:
+            # Resolved at every start, as the kubelet does: a ConfigMap created late is picked up on retry.
+            run.process = podspec.process_spec(
+                self.pod, run.spec, self.launcher.read_object, self.launcher.venv_bin, dict(os.environ)
+            )
             run.readiness = ProbeState.start(run.spec.get("readinessProbe"), run.spec, now)
             run.liveness = ProbeState.start(run.spec.get("livenessProbe"), run.spec, now)
             run.startup = ProbeState.start(run.spec.get("startupProbe"), run.spec, now)
-        except ValueError as error:
+        except ValueError as error:  # ContainerConfigError included
             run.config_error = str(error)
+            run.restart_at = now + CONFIG_RETRY_SECONDS
             return
+        run.config_error = None
         self.launcher.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self._log_path(run), "ab") as log:
             run.popen = subprocess.Popen(
@@ -191,7 +190,7 @@ class PodRunner(threading.Thread):
     def _tick(self) -> None:
         pod_ip = self.pod["status"]["podIP"]
         for run in self.containers:
-            if run.config_error or run.finished:
+            if run.finished:
                 continue
             if run.popen is None:
                 if time.monotonic() >= run.restart_at:
@@ -274,7 +273,7 @@ class Launcher:
     namespace: str | None = None
     venv_bin: Path = field(default_factory=lambda: Path(sys.executable).parent)
     log_dir: Path = field(default_factory=lambda: cache_dir() / "launcher-logs")
-    log: object = print
+    log: Callable[[str], None] = print
 
     def __post_init__(self):
         self.core = client.CoreV1Api(config.new_client_from_config(config_file=self.kubeconfig))
