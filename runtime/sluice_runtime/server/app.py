@@ -126,8 +126,8 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
         try:
             vectors = await until_disconnected(request.receive, embed_all())
         except ClientDisconnected:
-            record.cancelled = True
-            return Response(status_code=499)
+            rt.metrics.observe_cancelled()
+            raise
         except ValueError as exc:
             raise engine_error(exc) from None
         tokens = sum(len(p) for p in prompts)

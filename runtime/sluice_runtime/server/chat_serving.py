@@ -40,7 +40,7 @@ class ChatServing:
             body = await until_disconnected(receive, self._collect(greq, first, stream, record))
         except ClientDisconnected:
             self._runner.cancelled(record)
-            return Response(status_code=499)
+            raise
         return JSONResponse(body)
 
     async def _collect(self, greq: GenerationRequest, first, stream, record: RequestRecord) -> dict:

@@ -35,7 +35,7 @@ class CompletionServing:
             body = await until_disconnected(receive, self._collect(greq, first, stream, record))
         except ClientDisconnected:
             self._runner.cancelled(record)
-            return Response(status_code=499)
+            raise
         return JSONResponse(body)
 
     def _echo(self, greq: GenerationRequest, prompt_index: int) -> str:

@@ -10,6 +10,7 @@ import re
 import time
 import uuid
 
+from .disconnect import ClientDisconnected
 from .errors import APIError, internal_error, shutting_down
 from .request_log import RequestRecord
 
@@ -73,6 +74,9 @@ class RequestContextMiddleware:
                 await self._send_error(self._too_large(), record, scope, receive, send_with_id)
             else:
                 await self.app(scope, counting_receive, send_with_id)
+        except ClientDisconnected:
+            # Nobody is left to answer; the handler already aborted the engine request.
+            record.cancelled = True
         except _BodyTooLarge:
             if not response_started:
                 await self._send_error(self._too_large(), record, scope, receive, send_with_id)
