@@ -148,7 +148,7 @@ class Upstream:
         if timed_out:
             raise GatewayError(504, "the model did not answer in time", code="upstream_timeout")
         raise GatewayError(
-            502, "every endpoint tried failed before answering", code="upstream_unreachable",
+            503, "no endpoint of this model could be reached; try again shortly", code="upstream_unreachable",
             headers=[(b"retry-after", b"1")],
         )
 
