@@ -38,6 +38,7 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 MAX_GRACE_SECONDS = 30
 MAX_BACKOFF_SECONDS = 30
 CONFIG_RETRY_SECONDS = 2
+WATCH_SECONDS = 30
 
 
 def _now() -> str:
@@ -180,7 +181,9 @@ class PodRunner(threading.Thread):
         }
         run.popen = None
         policy = self.pod["spec"].get("restartPolicy", "Always")
-        if policy == "Always" or (policy == "OnFailure" and code != 0):
+        if self.stopping.is_set():
+            run.finished = record
+        elif policy == "Always" or (policy == "OnFailure" and code != 0):
             run.last_exit = record
             run.restarts += 1
             run.restart_at = time.monotonic() + min(2 ** (run.restarts - 1), MAX_BACKOFF_SECONDS)
@@ -247,7 +250,8 @@ class PodRunner(threading.Thread):
             ],
             "containerStatuses": [run.status() for run in self.containers],
         }
-        if all(run.finished for run in self.containers):
+        # A launcher stopping is not the pod ending: a terminal phase could never be left again.
+        if not final and all(run.finished for run in self.containers):
             failed = any(run.finished["exitCode"] != 0 for run in self.containers)
             status["phase"] = "Failed" if failed else "Succeeded"
         digest = json.dumps([status["phase"] if "phase" in status else "", ready, status["containerStatuses"]], sort_keys=True)
@@ -281,8 +285,8 @@ class Launcher:
         self._runners: dict[str, PodRunner] = {}
         self._started: list[PodRunner] = []
         self._kwok_nodes: dict[str, bool] = {}
+        self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "Launcher":
         self.start()
@@ -292,22 +296,23 @@ class Launcher:
         self.stop()
 
     def start(self) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._watch_forever, name="launcher-watch", daemon=True)
-        self._thread.start()
+        # Each start gets its own event: a watch thread of an earlier start may still be winding down.
+        self._stopping = threading.Event()
+        threading.Thread(target=self._watch_forever, args=(self._stopping,), name="launcher-watch", daemon=True).start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-        for runner in self._started:
+        """Stops the processes and releases the pods; the watch thread ends on its own at its next event or timeout."""
+        with self._lock:
+            self._stopping.set()
+            started, running = list(self._started), list(self._runners.values())
+            self._runners.clear()
+            self._started.clear()
+        for runner in started:
             runner.stop()
-        for runner in self._started:
+        for runner in started:
             runner.join(timeout=MAX_GRACE_SECONDS + 5)
-        for runner in self._runners.values():
+        for runner in running:
             self._release(runner.pod)
-        self._runners.clear()
-        self._started.clear()
 
     def read_object(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
         try:
@@ -325,30 +330,30 @@ class Launcher:
             return self.core.list_namespaced_pod, dict(namespace=self.namespace, label_selector=selector, **kwargs)
         return self.core.list_pod_for_all_namespaces, dict(label_selector=selector, **kwargs)
 
-    def _watch_forever(self) -> None:
-        while not self._stopping.is_set():
+    def _watch_forever(self, stopping: threading.Event) -> None:
+        while not stopping.is_set():
             try:
                 method, kwargs = self._list(_preload_content=False)
                 listing = _json(method(**kwargs))
-                seen = set()
-                for pod in listing["items"]:
-                    seen.add(pod["metadata"]["uid"])
-                    self._handle("MODIFIED", pod)
-                for uid in set(self._runners) - seen:
-                    self._runners.pop(uid).stop()
-                method, kwargs = self._list(resource_version=listing["metadata"]["resourceVersion"], timeout_seconds=2)
-                stream = watch.Watch()
-                for event in stream.stream(method, **kwargs):
-                    if self._stopping.is_set():
-                        stream.stop()
-                        break
+                with self._lock:
+                    if stopping.is_set():
+                        return
+                    for pod in listing["items"]:
+                        self._handle("MODIFIED", pod)
+                    for uid in set(self._runners) - {pod["metadata"]["uid"] for pod in listing["items"]}:
+                        self._runners.pop(uid).stop()
+                method, kwargs = self._list(resource_version=listing["metadata"]["resourceVersion"], timeout_seconds=WATCH_SECONDS)
+                for event in watch.Watch().stream(method, **kwargs):
                     if event["type"] == "ERROR":
                         break  # usually an expired resourceVersion: list again
-                    self._handle(event["type"], event["raw_object"])
+                    with self._lock:
+                        if stopping.is_set():
+                            return
+                        self._handle(event["type"], event["raw_object"])
             except Exception as error:  # the API server restarting must not end the launcher
-                if not self._stopping.is_set():
+                if not stopping.is_set():
                     self.log(f"launcher: watch interrupted ({error!r}); listing again")
-                    self._stopping.wait(1)
+                    stopping.wait(1)
 
     def _handle(self, kind: str, pod: dict) -> None:
         uid = pod["metadata"]["uid"]

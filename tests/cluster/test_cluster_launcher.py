@@ -1,6 +1,8 @@
 """The launcher runs opted-in pods of the kwok node as local processes bound to their pod IP."""
 import json
 import os
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -169,3 +171,32 @@ def test_an_unrunnable_command_is_reported_in_the_pod_status(kube_cluster, kube_
 
     state = _wait_for(waiting, timeout=30, what="CreateContainerConfigError")
     assert "no-such-program-anywhere" in state["message"]
+
+
+def test_a_stopped_launcher_hands_its_pods_to_the_next_one(kube_cluster, kube_namespace, tmp_path):
+    from e2e.launcher import CLAIM_ANNOTATION, Launcher
+
+    gate = tmp_path / "ready"
+    gate.touch()
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_gated_server_deployment("handover", gate))
+    with Launcher(kube_cluster.kubeconfig, namespace=kube_namespace, log_dir=tmp_path / "logs"):
+        kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/handover", "--timeout=60s")
+        pod = _pods(kube_cluster, kube_namespace, "app=handover")[0]
+        first = _get(f"http://{pod['status']['podIP']}:{PORT}/")
+    assert first is not None and not _alive(first["pid"])
+    pod = _pods(kube_cluster, kube_namespace, "app=handover")[0]
+    assert not _ready(pod)
+    assert CLAIM_ANNOTATION not in pod["metadata"].get("annotations", {})
+
+    # The command-line launcher, in a process of its own, takes the pod over.
+    repo = Path(__file__).resolve().parents[2]
+    cli = subprocess.Popen([sys.executable, "-m", "e2e.launcher", "--kubeconfig", kube_cluster.kubeconfig,
+                            "--namespace", kube_namespace, "--log-dir", str(tmp_path / "logs")], cwd=repo)
+    try:
+        _wait_for(lambda: _ready(_pods(kube_cluster, kube_namespace, "app=handover")[0]), timeout=30, what="Ready under the new launcher")
+        second = _get(f"http://{pod['status']['podIP']}:{PORT}/")
+        assert second is not None and second["pid"] != first["pid"]
+    finally:
+        cli.terminate()
+        assert cli.wait(timeout=30) == 0
+    assert not _alive(second["pid"])
