@@ -45,7 +45,9 @@ def test_runtime_args_follow_the_spec():
     args = container["args"]
     assert container["command"] == ["sluice-runtime"] and args[0] == "serve"
     assert _flag(args, "--model") == "smollm2"
-    assert _flag(args, "--port") == "8000" and _flag(args, "--host") == "0.0.0.0"
+    assert _flag(args, "--port") == "8000" and _flag(args, "--host") == "$(POD_IP)"
+    pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert _flag(args, "--served-model-name") == "tiny"
     assert _flag(args, "--max-model-len") == "4096" and _flag(args, "--max-num-seqs") == "8"
     assert _flag(args, "--dtype") == "bfloat16" and _flag(args, "--kv-cache-memory") == "512MiB"
@@ -124,3 +126,11 @@ def test_a_spec_change_changes_the_pod_template(change):
     after = build_deployment(OWNER, _spec(**change))["spec"]["template"]
     assert before != after
     assert build_deployment(OWNER, _spec())["spec"]["template"] == before
+
+
+def test_pod_labels_and_annotations_cannot_break_the_selector():
+    spec = _spec(podLabels={"team": "search", "sluice.dev/inference-model": "hijack"},
+                 podAnnotations={"sidecar.istio.io/inject": "false"})
+    template = build_deployment(OWNER, spec)["spec"]["template"]["metadata"]
+    assert template["labels"]["team"] == "search" and template["labels"]["sluice.dev/inference-model"] == "smollm2"
+    assert template["annotations"]["sidecar.istio.io/inject"] == "false"

@@ -87,17 +87,20 @@ def _service_account_kubeconfig(cluster, namespace: str, path: Path) -> None:
 
 
 class Operator:
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path):
+    def __init__(self, kubeconfig: Path, namespace: str, log: Path, peering: str, priority: int | None = None):
         self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+        self.peering, self.priority = peering, priority
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
+        if self.process and self.process.poll() is None:
+            return
         port = _free_port()
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         self.process = subprocess.Popen(
             [str(Path(sys.executable).parent / "sluice-operator"), "run", "--namespace", self.namespace,
-             "--peering", f"sluice-test-{uuid.uuid4().hex[:6]}", "--health-port", str(port),
-             "--autoscale-interval", "2"],
+             "--peering", self.peering, "--health-port", str(port), "--autoscale-interval", "2",
+             *(["--priority", str(self.priority)] if self.priority is not None else [])],
             env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
         )
 
@@ -137,7 +140,8 @@ def setup(kube_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("operator")
     kubeconfig = tmp / "kubeconfig"
     _service_account_kubeconfig(kube_cluster, namespace, kubeconfig)
-    operator = Operator(kubeconfig, namespace, tmp / "operator.log")
+    operator = Operator(kubeconfig, namespace, tmp / "operator.log", peering=f"sluice-test-{uuid.uuid4().hex[:6]}",
+                        priority=100)
     operator.start()
     yield Api(kube_cluster, namespace), operator
     operator.stop()
@@ -293,6 +297,27 @@ def test_unschedulable_model_is_degraded_not_retried(setup):
     assert degraded["reason"] == "Unschedulable" and "nvidia.com/gpu" in degraded["message"]
     assert api.condition("im", "big", "Ready")["status"] == "False"
     api.run("delete", "im", "big")
+
+
+def test_only_the_leader_acts(setup, samples):
+    """A second replica with a lower peering priority waits, and takes over when the leader leaves."""
+    api, leader = setup
+    standby = Operator(leader.kubeconfig, leader.namespace, leader.log.with_name("standby.log"),
+                       peering=leader.peering, priority=1)
+    standby.start()
+    try:
+        # kopf starts paused and stays so while a higher-priority peer is alive.
+        api.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "ModelRoute", "metadata": {"name": "while-led"},
+                   "spec": {"model": "while-led", "backends": [{"inferenceModel": "smollm2"}]}})
+        wait_for(lambda: api.condition("mr", "while-led", "Ready").get("status") == "True", what="the leader's work")
+        assert "Handler" not in standby.log.read_text() and "Resuming" not in standby.log.read_text()
+        leader.stop()
+        wait_for(lambda: "Resuming operations" in standby.log.read_text(), timeout=30, what="the standby to take over")
+        api.run("delete", "mr", "while-led")
+        wait_for(lambda: "while-led" not in api.table()["routes"], what="the standby's work")
+    finally:
+        standby.stop()
+        leader.start()
 
 
 def test_restart_changes_nothing(setup, samples):

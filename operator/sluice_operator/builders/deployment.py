@@ -46,6 +46,7 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     env = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         *mount.env,
@@ -94,8 +95,10 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
             },
             "template": {
                 "metadata": {
-                    "labels": labels(owner.name),
+                    # Ours last: a user label cannot detach the pods from their selector.
+                    "labels": {**spec.pod_labels, **labels(owner.name)},
                     "annotations": {
+                        **spec.pod_annotations,
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(RUNTIME_PORT),
                         "prometheus.io/path": "/metrics",

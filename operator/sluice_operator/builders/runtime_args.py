@@ -50,7 +50,8 @@ def runtime_args(name: str, spec: InferenceModelSpec, mount: ModelMount, drain_s
     args = [
         "serve",
         "--model", mount.model_arg,
-        "--host", "0.0.0.0",
+        # The pod's own address (downward API): probes and the gateway reach it there.
+        "--host", "$(POD_IP)",
         "--port", str(RUNTIME_PORT),
         "--served-model-name", spec.served_name(name),
         "--max-model-len", str(rt.max_model_len),

@@ -241,6 +241,12 @@ class InferenceModelSpec(SpecModel):
     autoscaling: AutoscalingSpec | None = Field(
         default=None, description="Scale on KV-cache usage and queued requests; fixed replicas when unset."
     )
+    pod_labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels on the runtime pods, e.g. for cost allocation or a mesh.",
+    )
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra annotations on the runtime pods.",
+    )
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec, description="How a spec change replaces pods.", json_schema_extra={"default": RolloutSpec().wire()}
     )
