@@ -23,8 +23,13 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
         await inference_model.reconcile(state, dict(body), str(getattr(reason, "value", reason)))
 
     @kopf.on.event(GROUP, VERSION, "inferencemodels", registry=registry)
+    async def model_changed(type: str, namespace: str, name: str, uid: str, **_: Any) -> None:
+        if type == "DELETED":
+            state.forget(namespace, name, uid)
+        request_compile(state, namespace)
+
     @kopf.on.event(GROUP, VERSION, "modelroutes", registry=registry)
-    async def model_or_route_changed(namespace: str, **_: Any) -> None:
+    async def route_changed(namespace: str, **_: Any) -> None:
         request_compile(state, namespace)
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_MODEL: kopf.PRESENT}, registry=registry)

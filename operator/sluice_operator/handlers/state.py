@@ -33,3 +33,10 @@ class OperatorState:
     tables: dict[str, RoutingTable] = field(default_factory=dict)  # by namespace, as last written
     statuses: Coalescer = field(default_factory=lambda: Coalescer(0.1))
     routing: Coalescer = field(default_factory=lambda: Coalescer(0.1))
+
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        """A deleted InferenceModel leaves nothing behind in memory either."""
+        for by_key in (self.apply_errors, self.endpoint_counts, self.decisions):
+            by_key.pop((namespace, name), None)
+        self.histories.pop(uid, None)
+        self.drains.pop(uid, None)
