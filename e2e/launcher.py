@@ -152,24 +152,27 @@ class PodRunner(threading.Thread):
             run.readiness = ProbeState.start(run.spec.get("readinessProbe"), run.spec, now)
             run.liveness = ProbeState.start(run.spec.get("livenessProbe"), run.spec, now)
             run.startup = ProbeState.start(run.spec.get("startupProbe"), run.spec, now)
-        except ValueError as error:  # ContainerConfigError included
+            self.launcher.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self._log_path(run), "ab") as log:
+                run.popen = subprocess.Popen(
+                    run.process.argv,
+                    env=run.process.env,
+                    cwd=run.process.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except (ValueError, OSError) as error:  # ContainerConfigError included
+            if run.config_error != str(error):
+                self._event("Warning", "Failed", f"container {run.spec['name']}: {error}")
             run.config_error = str(error)
             run.restart_at = now + CONFIG_RETRY_SECONDS
             return
         run.config_error = None
-        self.launcher.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(self._log_path(run), "ab") as log:
-            run.popen = subprocess.Popen(
-                run.process.argv,
-                env=run.process.env,
-                cwd=run.process.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
         run.started_at = _now()
         run.finished = None
+        self._event("Normal", "Started", f"container {run.spec['name']}: started {run.process.argv[0]} as pid {run.popen.pid}")
 
     def _exited(self, run: ContainerRun) -> None:
         code = run.popen.returncode
@@ -186,7 +189,10 @@ class PodRunner(threading.Thread):
         elif policy == "Always" or (policy == "OnFailure" and code != 0):
             run.last_exit = record
             run.restarts += 1
-            run.restart_at = time.monotonic() + min(2 ** (run.restarts - 1), MAX_BACKOFF_SECONDS)
+            delay = min(2 ** (run.restarts - 1), MAX_BACKOFF_SECONDS)
+            run.restart_at = time.monotonic() + delay
+            self._event("Warning", "BackOff",
+                        f"container {run.spec['name']} exited with code {record['exitCode']}; restarting in {delay} s")
         else:
             run.finished = record
 
@@ -202,20 +208,39 @@ class PodRunner(threading.Thread):
             if run.popen.poll() is not None:
                 self._exited(run)
                 continue
-            now = time.monotonic()
-            env, cwd = run.process.env, run.process.cwd
             if run.startup and not run.startup.passed:
-                run.startup.run_if_due(now, pod_ip, env, cwd)
-                if run.startup.failed:
+                if self._probe(run, run.startup, "Startup", pod_ip):
                     self._terminate(run)
                 continue
-            if run.liveness:
-                run.liveness.run_if_due(now, pod_ip, env, cwd)
-                if run.liveness.failed:
-                    self._terminate(run)
-                    continue
+            if run.liveness and self._probe(run, run.liveness, "Liveness", pod_ip):
+                self._terminate(run)
+                continue
             if run.readiness:
-                run.readiness.run_if_due(now, pod_ip, env, cwd)
+                self._probe(run, run.readiness, "Readiness", pod_ip)
+
+    def _probe(self, run: ContainerRun, probe: ProbeState, kind: str, pod_ip: str) -> bool:
+        """Runs a due probe; True when it just failed for good (an event says why)."""
+        if not probe.run_if_due(time.monotonic(), pod_ip, run.process.env, run.process.cwd):
+            return False
+        self._event("Warning", "Unhealthy", f"container {run.spec['name']}: {kind} probe failed: {probe.failure}")
+        return True
+
+    def _event(self, kind: str, reason: str, message: str) -> None:
+        meta = self.pod["metadata"]
+        now = _now()
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": kind, "reason": reason, "message": message,
+            "source": {"component": "sluice-launcher"},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self.launcher.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as error:
+            if error.status != 404:  # the namespace going away is no news
+                self.launcher.log(f"launcher: event for {meta['namespace']}/{meta['name']} not recorded: {error.reason}")
 
     def _terminate(self, run: ContainerRun) -> None:
         if not run.running:

@@ -29,7 +29,7 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _http_get(spec: dict, container: dict, pod_ip: str, timeout: float) -> bool:
+def _http_get(spec: dict, container: dict, pod_ip: str, timeout: float) -> str | None:
     scheme = spec.get("scheme", "HTTP").lower()
     host = spec.get("host") or pod_ip
     path = spec.get("path", "/")
@@ -39,27 +39,29 @@ def _http_get(spec: dict, container: dict, pod_ip: str, timeout: float) -> bool:
     if scheme == "https":
         handlers.append(urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))
     try:
-        with urllib.request.build_opener(*handlers).open(request, timeout=timeout) as response:
-            return 200 <= response.status < 400
+        with urllib.request.build_opener(*handlers).open(request, timeout=timeout):
+            return None
     except urllib.error.HTTPError as error:
-        return 300 <= error.code < 400
-    except (OSError, ValueError):
-        return False
+        return None if 300 <= error.code < 400 else f"HTTP probe failed with statuscode: {error.code}"
+    except (OSError, ValueError) as error:
+        return f"Get {url!r}: {error}"
 
 
-def _tcp_socket(spec: dict, container: dict, pod_ip: str, timeout: float) -> bool:
+def _tcp_socket(spec: dict, container: dict, pod_ip: str, timeout: float) -> str | None:
+    address = (spec.get("host") or pod_ip, _port(spec["port"], container))
     try:
-        with socket.create_connection((spec.get("host") or pod_ip, _port(spec["port"], container)), timeout=timeout):
-            return True
-    except OSError:
-        return False
+        with socket.create_connection(address, timeout=timeout):
+            return None
+    except OSError as error:
+        return f"dial tcp {address[0]}:{address[1]}: {error}"
 
 
-def _exec(spec: dict, env: dict[str, str], cwd: str, timeout: float) -> bool:
+def _exec(spec: dict, env: dict[str, str], cwd: str, timeout: float) -> str | None:
     try:
-        return subprocess.run(spec["command"], env=env, cwd=cwd, capture_output=True, timeout=timeout).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        result = subprocess.run(spec["command"], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"command {spec['command']!r}: {error}"
+    return None if result.returncode == 0 else f"command {spec['command']!r} exited {result.returncode}: {result.stdout[-200:]}"
 
 
 @dataclass
@@ -73,33 +75,39 @@ class ProbeState:
     _successes: int = 0
     _failures: int = 0
 
+    failure: str | None = None
+
     @classmethod
     def start(cls, spec: dict | None, container: dict, now: float) -> "ProbeState | None":
         if spec is None:
             return None
-        if not any(kind in spec for kind in ("httpGet", "tcpSocket", "exec")):
+        action = next((spec[kind] for kind in ("httpGet", "tcpSocket") if kind in spec), None)
+        if action is None and "exec" not in spec:
             raise ValueError(f"container {container['name']!r}: only httpGet, tcpSocket and exec probes are supported")
+        if action is not None:
+            _port(action["port"], container)  # an undeclared named port is a config error, found before running
         return cls(spec=spec, container=container, due=now + spec.get("initialDelaySeconds", 0))
 
     def run_if_due(self, now: float, pod_ip: str, env: dict[str, str], cwd: str) -> bool:
-        """Probes when due; returns True when the conclusion (passed) changed."""
+        """Probes when due; returns True when this probe just reached its failure threshold."""
         if now < self.due:
             return False
         timeout = self.spec.get("timeoutSeconds", 1)
         if "httpGet" in self.spec:
-            ok = _http_get(self.spec["httpGet"], self.container, pod_ip, timeout)
+            self.failure = _http_get(self.spec["httpGet"], self.container, pod_ip, timeout)
         elif "tcpSocket" in self.spec:
-            ok = _tcp_socket(self.spec["tcpSocket"], self.container, pod_ip, timeout)
+            self.failure = _tcp_socket(self.spec["tcpSocket"], self.container, pod_ip, timeout)
         else:
-            ok = _exec(self.spec["exec"], env, cwd, timeout)
+            self.failure = _exec(self.spec["exec"], env, cwd, timeout)
         self.due = time.monotonic() + self.spec.get("periodSeconds", 10)
+        ok = self.failure is None
         self._successes, self._failures = (self._successes + 1, 0) if ok else (0, self._failures + 1)
-        before = self.passed
+        threshold = self.spec.get("failureThreshold", 3)
         if self._successes >= self.spec.get("successThreshold", 1):
             self.passed = True
-        elif self._failures >= self.spec.get("failureThreshold", 3):
+        elif self._failures >= threshold:
             self.passed = False
-        return self.passed != before
+        return self._failures == threshold
 
     @property
     def failed(self) -> bool:

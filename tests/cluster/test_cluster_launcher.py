@@ -80,6 +80,11 @@ def _get(url: str) -> dict | None:
         return None
 
 
+def _events(cluster, namespace: str, pod: str) -> list[tuple[str, str]]:
+    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={pod}", "-o", "json").stdout
+    return [(e["reason"], e["message"]) for e in json.loads(out)["items"]]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -105,6 +110,7 @@ def test_pod_becomes_ready_only_once_its_server_answers_the_readiness_probe(kube
     assert pod["status"]["containerStatuses"][0]["state"].keys() == {"running"}
     available = kube_cluster.kubectl("get", "deployment", "gated", "-n", kube_namespace, "-o", "jsonpath={.status.availableReplicas}").stdout
     assert available in ("", "0")
+    assert ("Unhealthy", "container server: Readiness probe failed: HTTP probe failed with statuscode: 503") in _events(kube_cluster, kube_namespace, name)
 
     gate.touch()
     _wait_for(lambda: _ready(_pods(kube_cluster, kube_namespace, "app=gated")[0]), timeout=30, what="Ready after the gate opened")
@@ -158,6 +164,7 @@ def test_a_crashing_process_is_restarted_and_reported(kube_cluster, kube_namespa
     status = _wait_for(restarted, timeout=30, what="two restarts")
     assert status["lastState"]["terminated"]["exitCode"] == 3
     assert status["ready"] is False
+    assert ("BackOff", "container crash exited with code 3; restarting in 1 s") in _events(kube_cluster, kube_namespace, "crasher")
 
 
 def test_an_unrunnable_command_is_reported_in_the_pod_status(kube_cluster, kube_namespace, launcher):
@@ -171,6 +178,7 @@ def test_an_unrunnable_command_is_reported_in_the_pod_status(kube_cluster, kube_
 
     state = _wait_for(waiting, timeout=30, what="CreateContainerConfigError")
     assert "no-such-program-anywhere" in state["message"]
+    assert [reason for reason, message in _events(kube_cluster, kube_namespace, "broken") if "no-such-program-anywhere" in message] == ["Failed"]
 
 
 def test_a_stopped_launcher_hands_its_pods_to_the_next_one(kube_cluster, kube_namespace, tmp_path):
