@@ -1,6 +1,8 @@
 """OpenAI-style error responses: one exception type, and handlers that turn everything into it."""
 from __future__ import annotations
 
+import re
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -52,20 +54,25 @@ def internal_error(request_id: str | None) -> APIError:
                     type="server_error", code="internal_error")
 
 
+_FIELD_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_TYPE_NAMES = {"str", "int", "float", "bool", "none", "list", "dict", "bytes"}
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
                405: "invalid_request_error", 413: "invalid_request_error"}
 
 
 def _location(loc: tuple) -> str | None:
-    """('body', 'messages', 0, 'role') -> 'messages[0].role'."""
+    """('body', 'messages', 0, 'role') -> 'messages[0].role'.
+
+    Pydantic also names the union member it tried ('str', 'list[str]', 'NamedToolChoice'); those
+    mean nothing to a client and are left out. Our own field names are all lower snake case.
+    """
     out = ""
     for part in loc:
-        if part in ("body", "query", "path"):
-            continue
         if isinstance(part, int):
             out += f"[{part}]"
-        elif "[" in str(part) or "function-" in str(part):
-            # pydantic names union members like 'str' or 'list[str]'; they add nothing for a client.
+        elif part in ("body", "query", "path") and not out:
+            continue
+        elif not _FIELD_NAME.match(str(part)) or part in _TYPE_NAMES:
             continue
         else:
             out += f".{part}" if out else str(part)
