@@ -19,7 +19,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The runtime on 8000 and the gateway in front of it on 8080 (config/gateway.local.yaml, demo key sk-sluice-demo).
 run: install
+	@$(VENV)/bin/sluice-gateway --config config/gateway.local.yaml & gw=$$!; \
+	( for i in $$(seq 600); do curl -sf http://127.0.0.1:8000/ready >/dev/null 2>&1 && break; sleep 1; done; \
+	  echo; echo 'Sluice is up: runtime on :8000, gateway on :8080. Through the gateway:'; \
+	  echo '  curl http://127.0.0.1:8080/v1/chat/completions -H "Authorization: Bearer sk-sluice-demo" -H "Content-Type: application/json" -d "{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}"'; echo ) & ready=$$!; \
+	trap 'kill $$gw $$ready 2>/dev/null' EXIT INT TERM; \
 	$(VENV)/bin/sluice-runtime serve --model smollm2 --port 8000
 
 test: install
