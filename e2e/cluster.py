@@ -25,6 +25,7 @@ from e2e import binaries
 DEFAULT_NAME = "sluice"
 NODE_NAME = "kwok-node-0"
 STAGES_FILE = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
+KWOKCTL_FILE = Path(__file__).resolve().parent / "kwok" / "kwokctl.yaml"
 # 127.0.0.0/8 is all local on Linux, so every pod address can be bound by a local process.
 POD_CIDR = "127.1.0.0/24"
 
@@ -124,7 +125,7 @@ class LocalCluster:
 
     def _settings(self) -> str:
         """What the running cluster was made from, to notice a cluster left over from older settings."""
-        digest = hashlib.sha256(STAGES_FILE.read_bytes() + NODE_MANIFEST.encode())
+        digest = hashlib.sha256(KWOKCTL_FILE.read_bytes() + STAGES_FILE.read_bytes() + NODE_MANIFEST.encode())
         digest.update(" ".join(self._create_args()).encode())
         digest.update((self.bin_dir / ".built.json").read_bytes())
         return digest.hexdigest()
@@ -155,6 +156,7 @@ class LocalCluster:
     def _create_args(self) -> list[str]:
         bins = self.bin_dir
         return [
+            "--config", str(KWOKCTL_FILE),
             "--config", str(STAGES_FILE),
             "create", "cluster",
             "--runtime", "binary",

@@ -1,9 +1,12 @@
 """The local control plane behaves like a Kubernetes cluster: nodes, scheduling, controllers, RBAC, helm."""
 import json
 import shutil
+import socket
 import subprocess
 import time
 import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -32,6 +35,11 @@ def _node_ready(cluster, node: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+def _non_loopback_addresses() -> list[str]:
+    listed = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    return [a for a in listed if "." in a and not a.startswith("127.")]
+
+
 def test_a_fresh_cluster_comes_up_from_nothing_with_a_ready_kwok_node(kube_cluster, tmp_path):
     fresh = LocalCluster(name=f"fresh-{uuid.uuid4().hex[:6]}", kubeconfig_path=tmp_path / "kubeconfig", log=lambda _: None)
     assert not fresh.is_running()
@@ -41,6 +49,11 @@ def test_a_fresh_cluster_comes_up_from_nothing_with_a_ready_kwok_node(kube_clust
         nodes = fresh.kubectl("get", "nodes", "-o", "json").stdout
         assert [n["metadata"]["name"] for n in json.loads(nodes)["items"]] == [NODE_NAME]
         assert _node_ready(fresh, NODE_NAME)
+        server = urlsplit(yaml.safe_load(Path(fresh.kubeconfig).read_text())["clusters"][0]["cluster"]["server"])
+        assert server.hostname == "127.0.0.1"
+        for address in _non_loopback_addresses():
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((address, server.port), timeout=5).close()
         version = json.loads(fresh.kubectl("version", "-o", "json").stdout)
         assert version["serverVersion"]["gitVersion"] == binaries.KUBERNETES_VERSION
         assert version["clientVersion"]["gitVersion"] == binaries.KUBERNETES_VERSION
