@@ -1,0 +1,278 @@
+"""Runs one launched pod's containers as local processes and reports them in the pod's status and events.
+
+The kubelet's part, for a process instead of a container: start with backoff per restartPolicy, probes,
+`containerStatuses` and the Ready/ContainersReady conditions, SIGTERM then SIGKILL on the way out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kubernetes.client.exceptions import ApiException
+
+from e2e import podspec
+from e2e.probes import ProbeState
+
+if TYPE_CHECKING:
+    from e2e.launcher import Launcher
+
+MAX_GRACE_SECONDS = 30
+MAX_BACKOFF_SECONDS = 30
+CONFIG_RETRY_SECONDS = 2
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class ContainerRun:
+    """One container's local process and what the pod status says about it."""
+
+    spec: dict
+    process: podspec.ProcessSpec | None = None
+    popen: subprocess.Popen | None = None
+    readiness: ProbeState | None = None
+    liveness: ProbeState | None = None
+    startup: ProbeState | None = None
+    restarts: int = 0
+    started_at: str | None = None
+    restart_at: float = 0.0
+    last_exit: dict | None = None
+    finished: dict | None = None
+    config_error: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    @property
+    def ready(self) -> bool:
+        if not self.running or (self.startup and not self.startup.passed):
+            return False
+        return self.readiness.passed if self.readiness else True
+
+    def status(self) -> dict:
+        entry = {
+            "name": self.spec["name"],
+            "image": self.spec.get("image", ""),
+            "imageID": "",
+            "ready": self.ready,
+            "started": self.running and (self.startup is None or self.startup.passed),
+            "restartCount": self.restarts,
+        }
+        if self.running:
+            entry["state"] = {"running": {"startedAt": self.started_at}}
+        elif self.finished:
+            entry["state"] = {"terminated": self.finished}
+        elif self.config_error:
+            entry["state"] = {"waiting": {"reason": "CreateContainerConfigError", "message": self.config_error}}
+        else:
+            entry["state"] = {"waiting": {"reason": "CrashLoopBackOff" if self.restarts else "ContainerCreating"}}
+        if self.last_exit:
+            entry["lastState"] = {"terminated": self.last_exit}
+        return entry
+
+
+class PodRunner(threading.Thread):
+    """Runs one pod's containers until the pod goes away or the launcher stops."""
+
+    def __init__(self, launcher: "Launcher", pod: dict):
+        meta = pod["metadata"]
+        super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
+        self.launcher = launcher
+        self.pod = pod
+        self.stopping = threading.Event()
+        self.containers = [ContainerRun(spec=c) for c in pod["spec"]["containers"]]
+        self._reported: str | None = None
+        self._transitions: dict[str, tuple[str, str]] = {}
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.pod["metadata"]["namespace"], self.pod["metadata"]["name"]
+
+    def update(self, pod: dict) -> None:
+        self.pod = pod
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set() and not self.pod.get("status", {}).get("podIP"):
+                self.stopping.wait(0.1)
+            if self.stopping.is_set():
+                return
+            while not self.stopping.is_set():
+                self._tick()
+                self._report()
+                self.stopping.wait(0.2)
+        except Exception as error:  # a harness bug must show up in the log, not kill the thread silently
+            self.launcher.log(f"launcher: pod {self.key[0]}/{self.key[1]} failed: {error!r}")
+        finally:
+            for run in self.containers:
+                self._terminate(run)
+            self._report(final=True)
+
+    def _log_path(self, run: ContainerRun) -> Path:
+        namespace, name = self.key
+        return self.launcher.log_dir / f"{namespace}_{name}_{run.spec['name']}.log"
+
+    def _start(self, run: ContainerRun) -> None:
+        now = time.monotonic()
+        try:
+            # Resolved at every start, as the kubelet does: a ConfigMap created late is picked up on retry.
+            run.process = podspec.process_spec(
+                self.pod, run.spec, self.launcher.read_object, self.launcher.venv_bin, dict(os.environ)
+            )
+            run.readiness = ProbeState.start(run.spec.get("readinessProbe"), run.spec, now)
+            run.liveness = ProbeState.start(run.spec.get("livenessProbe"), run.spec, now)
+            run.startup = ProbeState.start(run.spec.get("startupProbe"), run.spec, now)
+            self.launcher.log_dir.mkdir(parents=True, exist_ok=True)
+            with open(self._log_path(run), "ab") as log:
+                run.popen = subprocess.Popen(
+                    run.process.argv,
+                    env=run.process.env,
+                    cwd=run.process.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except (ValueError, OSError) as error:  # ContainerConfigError included
+            if run.config_error != str(error):
+                self._event("Warning", "Failed", f"container {run.spec['name']}: {error}")
+            run.config_error = str(error)
+            run.restart_at = now + CONFIG_RETRY_SECONDS
+            return
+        run.config_error = None
+        run.started_at = _now()
+        run.finished = None
+        self._event("Normal", "Started", f"container {run.spec['name']}: started {run.process.argv[0]} as pid {run.popen.pid}")
+
+    def _exited(self, run: ContainerRun) -> None:
+        code = run.popen.returncode
+        record = {
+            "exitCode": code if code >= 0 else 128 - code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": run.started_at,
+            "finishedAt": _now(),
+        }
+        run.popen = None
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        if self.stopping.is_set():
+            run.finished = record
+        elif policy == "Always" or (policy == "OnFailure" and code != 0):
+            run.last_exit = record
+            run.restarts += 1
+            delay = min(2 ** (run.restarts - 1), MAX_BACKOFF_SECONDS)
+            run.restart_at = time.monotonic() + delay
+            self._event("Warning", "BackOff",
+                        f"container {run.spec['name']} exited with code {record['exitCode']}; restarting in {delay} s")
+        else:
+            run.finished = record
+
+    def _tick(self) -> None:
+        pod_ip = self.pod["status"]["podIP"]
+        for run in self.containers:
+            if run.finished:
+                continue
+            if run.popen is None:
+                if time.monotonic() >= run.restart_at:
+                    self._start(run)
+                continue
+            if run.popen.poll() is not None:
+                self._exited(run)
+                continue
+            if run.startup and not run.startup.passed:
+                if self._probe(run, run.startup, "Startup", pod_ip):
+                    self._terminate(run)
+                continue
+            if run.liveness and self._probe(run, run.liveness, "Liveness", pod_ip):
+                self._terminate(run)
+                continue
+            if run.readiness:
+                self._probe(run, run.readiness, "Readiness", pod_ip)
+
+    def _probe(self, run: ContainerRun, probe: ProbeState, kind: str, pod_ip: str) -> bool:
+        """Runs a due probe; True when it just failed for good (an event says why)."""
+        if not probe.run_if_due(time.monotonic(), pod_ip, run.process.env, run.process.cwd):
+            return False
+        self._event("Warning", "Unhealthy", f"container {run.spec['name']}: {kind} probe failed: {probe.failure}")
+        return True
+
+    def _event(self, kind: str, reason: str, message: str) -> None:
+        meta = self.pod["metadata"]
+        now = _now()
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": kind, "reason": reason, "message": message,
+            "source": {"component": "sluice-launcher"},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self.launcher.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as error:
+            if error.status != 404:  # the namespace going away is no news
+                self.launcher.log(f"launcher: event for {meta['namespace']}/{meta['name']} not recorded: {error.reason}")
+
+    def _terminate(self, run: ContainerRun) -> None:
+        if not run.running:
+            return
+        grace = min(self.pod["spec"].get("terminationGracePeriodSeconds", 30), MAX_GRACE_SECONDS)
+        try:
+            os.killpg(run.popen.pid, signal.SIGTERM)
+            run.popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.popen.pid, signal.SIGKILL)
+            run.popen.wait()
+        except ProcessLookupError:
+            run.popen.wait()
+        self._exited(run)
+
+    def _condition(self, kind: str, ready: bool, reason: str) -> dict:
+        status = "True" if ready else "False"
+        previous = self._transitions.get(kind)
+        if previous is None or previous[0] != status:
+            self._transitions[kind] = (status, _now())
+        condition = {"type": kind, "status": status, "lastTransitionTime": self._transitions[kind][1]}
+        if not ready:
+            condition["reason"] = reason
+        return condition
+
+    def _report(self, final: bool = False) -> None:
+        ready = not final and all(run.ready for run in self.containers)
+        status = {
+            "conditions": [
+                self._condition("ContainersReady", ready, "ContainersNotReady"),
+                self._condition("Ready", ready, "ContainersNotReady"),
+            ],
+            "containerStatuses": [run.status() for run in self.containers],
+        }
+        # A launcher stopping is not the pod ending: a terminal phase could never be left again.
+        if not final and all(run.finished for run in self.containers):
+            failed = any(run.finished["exitCode"] != 0 for run in self.containers)
+            status["phase"] = "Failed" if failed else "Succeeded"
+        digest = json.dumps(status, sort_keys=True, default=str)
+        if digest == self._reported:
+            return
+        namespace, name = self.key
+        try:
+            self.launcher.core.patch_namespaced_pod_status(
+                name, namespace, {"status": status},
+                _content_type="application/strategic-merge-patch+json",
+            )
+            self._reported = digest
+        except ApiException as error:
+            if error.status != 404:
+                self.launcher.log(f"launcher: status of {namespace}/{name} not updated: {error.reason}")
