@@ -1,6 +1,7 @@
 """The launcher runs opted-in pods of the kwok node as local processes bound to their pod IP."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -208,3 +209,24 @@ def test_a_stopped_launcher_hands_its_pods_to_the_next_one(kube_cluster, kube_na
         cli.terminate()
         assert cli.wait(timeout=30) == 0
     assert not _alive(second["pid"])
+
+
+def test_a_pod_claimed_by_a_dead_launcher_is_taken_over_and_a_live_claim_is_respected(kube_cluster, kube_namespace, launcher):
+    from e2e.launcher import CLAIM_ANNOTATION
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    claims = {"orphan": f"{host}:{dead.pid}:gone", "taken": f"{host}:{os.getpid()}:someone-else"}
+    for name, holder in claims.items():
+        pod = yaml.safe_load(_bare_pod(name, _container("main", ["python"], ["-c", "import time; time.sleep(600)"])))
+        pod["metadata"]["annotations"] = {CLAIM_ANNOTATION: holder}
+        kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=yaml.safe_dump(pod))
+
+    def pod(name):
+        return json.loads(kube_cluster.kubectl("get", "pod", name, "-n", kube_namespace, "-o", "json").stdout)
+
+    _wait_for(lambda: _ready(pod("orphan")), timeout=30, what="the orphaned pod to be run")
+    assert pod("orphan")["metadata"]["annotations"][CLAIM_ANNOTATION] == launcher.identity
+    assert pod("taken")["metadata"]["annotations"][CLAIM_ANNOTATION] == claims["taken"]
+    assert not _ready(pod("taken"))
