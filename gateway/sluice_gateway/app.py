@@ -78,7 +78,7 @@ class GatewayApp:
         poller = LoadPoller(
             self.picker, self.metrics, self.config.routing.poll_interval_s, self.config.routing.poll_timeout_s
         )
-        self._tasks.append(asyncio.create_task(poller.run(self.upstream.session)))
+        self._tasks.append(asyncio.create_task(poller.run(self.upstream.pool)))
         if self._reloader is not None:
             self._tasks.append(asyncio.create_task(self._reloader.run()))
         self._ready = True

@@ -64,7 +64,7 @@ class RedisSettings(_Strict):
     on_failure: Literal["open", "closed"] = Field(
         default="open", description="open: admit without limits while Redis is down; closed: answer 503."
     )
-    timeout_s: float = Field(default=0.25, gt=0)
+    timeout_s: float = Field(default=0.5, gt=0, description="Per Redis call; past it the failure mode applies.")
 
 
 class Routing(_Strict):

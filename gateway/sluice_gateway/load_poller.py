@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
-import aiohttp
-
 from .metrics import GatewayMetrics
 from .picker import EndpointState, Picker
+from .upstream_client import ConnectionPool, UpstreamError
 
 log = logging.getLogger("sluice_gateway.load")
 
@@ -21,35 +21,40 @@ class LoadPoller:
         self._timeout = timeout_s
         self._labelled: set[str] = set()
 
-    async def run(self, session: aiohttp.ClientSession) -> None:
+    async def run(self, pool: ConnectionPool) -> None:
         while True:
-            await self.poll_all(session)
+            await self.poll_all(pool)
             await asyncio.sleep(self._interval)
 
-    async def poll_all(self, session: aiohttp.ClientSession) -> None:
+    async def poll_all(self, pool: ConnectionPool) -> None:
         endpoints = self._picker.endpoints()
-        await asyncio.gather(*(self._poll(session, ep) for ep in endpoints))
+        await asyncio.gather(*(self._poll(pool, ep) for ep in endpoints))
         current = {ep.url for ep in endpoints}
         for url in self._labelled - current:
             self._metrics.forget_endpoint(url)
         self._labelled = current
 
-    async def _poll(self, session: aiohttp.ClientSession, endpoint: EndpointState) -> None:
+    async def _poll(self, pool: ConnectionPool, endpoint: EndpointState) -> None:
+        response = None
         try:
             async with asyncio.timeout(self._timeout):
-                async with session.get(f"{endpoint.url}/load") as resp:
-                    if resp.status != 200:
-                        raise ValueError(f"/load answered {resp.status}")
-                    data = await resp.json(content_type=None)
+                response = await pool.request("GET", endpoint.url, "/load")
+                body = await response.read()
+            if response.status != 200:
+                raise ValueError(f"/load answered {response.status}")
+            data = json.loads(body)
             endpoint.waiting = int(data.get("waiting", 0))
             endpoint.running = int(data.get("running", 0))
             endpoint.kv_cache_usage = float(data.get("kv_cache_usage", 0.0))
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, TypeError, AttributeError) as exc:
+        except (UpstreamError, TimeoutError, ValueError, TypeError, AttributeError) as exc:
+            if response is not None:
+                response.close()
             if endpoint.healthy:
                 log.warning("endpoint %s failed its health check: %s", endpoint.url, exc or type(exc).__name__)
             endpoint.healthy = False
             self._metrics.endpoint_up.labels(endpoint.url).set(0)
             return
+        response.release()
         if not endpoint.healthy:
             log.info("endpoint %s is healthy again", endpoint.url)
         endpoint.healthy = True

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-import aiohttp
-
 from .config import Timeouts
 from .errors import GatewayError
 from .metrics import GatewayMetrics
 from .picker import Attempt, Picker
+from .upstream_client import ConnectionPool, UpstreamError, UpstreamResponse
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -54,18 +53,14 @@ class Upstream:
         self._timeouts = timeouts
         self._picker = picker
         self._metrics = metrics
-        self.session: aiohttp.ClientSession | None = None
+        self.pool: ConnectionPool | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
-        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeouts.connect_s, sock_connect=self._timeouts.connect_s)
-        self.session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
+        self.pool = ConnectionPool(self._timeouts.connect_s)
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        if self.pool is not None:
+            self.pool.close()
 
     async def forward(
         self,
@@ -82,7 +77,7 @@ class Upstream:
         send: Send,
         outcome: Outcome,
     ) -> None:
-        assert self.session is not None
+        assert self.pool is not None
         loop = asyncio.get_running_loop()
         total_deadline = loop.time() + self._timeouts.total_s
         headers = {"content-type": "application/json", "x-request-id": request_id}
@@ -103,9 +98,9 @@ class Upstream:
                     outcome.overhead_s = sent_at - started
                 try:
                     async with asyncio.timeout_at(min(loop.time() + self._timeouts.first_byte_s, total_deadline)):
-                        resp = await self.session.post(endpoint.url + path, data=body, headers=headers)
-                except (aiohttp.ClientError, OSError) as exc:
-                    self._failed(attempt, "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "protocol")
+                        resp = await self.pool.request("POST", endpoint.url, path, body, headers)
+                except UpstreamError as exc:
+                    self._failed(attempt, "connect" if exc.connect else "protocol")
                     continue
                 except TimeoutError:
                     timed_out = True
@@ -115,11 +110,12 @@ class Upstream:
                 outcome.upstream_s = headers_at - sent_at
                 if resp.status in _RETRY_STATUSES:
                     try:
-                        error_body = await resp.read()
-                    except (aiohttp.ClientError, OSError):
+                        async with asyncio.timeout_at(total_deadline):
+                            error_body = await resp.read()
+                    except (UpstreamError, TimeoutError):
                         error_body = b""
                     finally:
-                        resp.close()
+                        resp.release()
                     last_error = (resp.status, error_body, resp.headers.get("retry-after", ""))
                     if resp.status == 503:
                         self._metrics.upstream_errors.labels(attempt.backend.name, "overloaded").inc()
@@ -158,7 +154,7 @@ class Upstream:
 
     async def _respond(
         self,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         stream: bool,
         strip_usage: bool,
         total_deadline: float,
@@ -177,14 +173,12 @@ class Upstream:
                 try:
                     async with asyncio.timeout_at(total_deadline):
                         data = await resp.read()
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                except (UpstreamError, TimeoutError) as exc:
                     if isinstance(exc, TimeoutError):
                         raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
                     raise GatewayError(502, "the model server closed the connection mid-response") from None
                 body_at = time.perf_counter()
                 complete = True
-                if resp.status == 200:
-                    _read_usage(data, outcome)
                 outcome.overhead_s += time.perf_counter() - body_at
                 await send({"type": "http.response.start", "status": resp.status, "headers": [
                     (b"content-type", content_type), (b"content-length", str(len(data)).encode()),
@@ -192,6 +186,8 @@ class Upstream:
                 ]})
                 outcome.responded = True
                 await send({"type": "http.response.body", "body": data})
+                if resp.status == 200:  # after sending: accounting is off the client's critical path
+                    _read_usage(data, outcome)
                 return
             outcome.overhead_s += time.perf_counter() - headers_at
             await send({"type": "http.response.start", "status": resp.status, "headers": [
@@ -201,7 +197,7 @@ class Upstream:
             pending = b""
             idle = self._timeouts.idle_s
             async with asyncio.timeout_at(min(loop.time() + idle, total_deadline)) as deadline:
-                async for chunk in resp.content.iter_any():
+                async for chunk in resp.iter_chunks():
                     deadline.reschedule(min(loop.time() + idle, total_deadline))
                     pending += chunk
                     cut = pending.rfind(b"\n\n")
@@ -217,7 +213,7 @@ class Upstream:
             complete = True
             outcome.responded = True
             await send({"type": "http.response.body", "body": pending})
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (UpstreamError, TimeoutError) as exc:
             # Headers are out: the status cannot change, so say what happened in the stream's own format.
             reason = "timed out" if isinstance(exc, TimeoutError) else "closed the connection"
             self._metrics.upstream_errors.labels(outcome.backend, "mid_stream").inc()

@@ -17,7 +17,7 @@ async def limiter(request):
         lim = MemoryLimiter()
     else:
         redis = request.getfixturevalue("redis_server")
-        lim = RedisLimiter(RedisSettings(url=redis.url), lease_ttl_s=60)
+        lim = RedisLimiter(RedisSettings(url=redis.url, timeout_s=10), lease_ttl_s=60)
     yield lim
     await lim.close()
 
@@ -77,8 +77,8 @@ async def test_rejected_requests_consume_nothing(limiter):
 
 @pytest.mark.integration
 async def test_two_redis_clients_share_one_exact_limit(redis_server):
-    a = RedisLimiter(RedisSettings(url=redis_server.url), lease_ttl_s=60)
-    b = RedisLimiter(RedisSettings(url=redis_server.url), lease_ttl_s=60)
+    a = RedisLimiter(RedisSettings(url=redis_server.url, timeout_s=10), lease_ttl_s=60)
+    b = RedisLimiter(RedisSettings(url=redis_server.url, timeout_s=10), lease_ttl_s=60)
     name, limits = tenant(), Limits(requests_per_minute=40, max_concurrent=1000)
     decisions = await asyncio.gather(*((a if i % 2 else b).acquire(name, limits, 1) for i in range(150)))
     assert sum(1 for d in decisions if d.grant) == 40
@@ -88,7 +88,7 @@ async def test_two_redis_clients_share_one_exact_limit(redis_server):
 
 @pytest.mark.integration
 async def test_redis_lease_of_a_dead_replica_expires(redis_server):
-    lim = RedisLimiter(RedisSettings(url=redis_server.url), lease_ttl_s=0.3)
+    lim = RedisLimiter(RedisSettings(url=redis_server.url, timeout_s=10), lease_ttl_s=0.3)
     name, limits = tenant(), Limits(max_concurrent=1)
     assert (await lim.acquire(name, limits, 1)).grant  # never finished: its replica "died"
     assert (await lim.acquire(name, limits, 1)).rejected == "concurrency"

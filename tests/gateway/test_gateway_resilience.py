@@ -68,7 +68,7 @@ def test_killed_runtime_is_retried_elsewhere_and_its_route_falls_back(tiny_runti
         assert response.status_code == 200 and response.headers["x-sluice-backend"] == "stable"
 
     assert gateway.metric("sluice_gateway_retries_total") >= 1
-    assert gateway.metric("sluice_gateway_upstream_errors_total", backend="victim", kind="connect") >= 1
+    assert gateway.metric("sluice_gateway_upstream_errors_total", kind="connect") >= 1
     cut = next(line for line in gateway.log_lines() if line.get("request_id") == "cut-off")
     assert cut["attempts"] == 1 and cut["finish_reason"] == "upstream_error", "retried after the first byte"
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}

@@ -2,40 +2,47 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 
 from ..config import Limits
 from .base import WINDOW_S, Decision, Grant, Limiter, Usage, rejection, unlimited
 
 
 class _Window:
-    """Counts in one-second buckets over the last WINDOW_S seconds (fixed size, reused in a ring)."""
+    """Counts in one-second buckets over the last WINDOW_S seconds: at most WINDOW_S (second, count) pairs,
+    oldest first, with a running total so the common check is O(1)."""
 
-    __slots__ = ("stamps", "counts")
+    __slots__ = ("buckets", "total")
 
     def __init__(self) -> None:
-        self.stamps = [-1] * WINDOW_S
-        self.counts = [0] * WINDOW_S
+        self.buckets: deque[list[int]] = deque()
+        self.total = 0
 
-    def live(self, now_s: int) -> list[tuple[int, int]]:
-        oldest = now_s - WINDOW_S
-        return sorted((s, c) for s, c in zip(self.stamps, self.counts) if s > oldest and c > 0)
+    def live(self, now_s: int) -> deque[list[int]]:
+        buckets = self.buckets
+        while buckets and buckets[0][0] <= now_s - WINDOW_S:
+            self.total -= buckets.popleft()[1]
+        return buckets
 
     def add(self, now_s: int, amount: int) -> None:
-        slot = now_s % WINDOW_S
-        if self.stamps[slot] != now_s:
-            self.stamps[slot] = now_s
-            self.counts[slot] = 0
-        self.counts[slot] += amount
+        if self.buckets and self.buckets[-1][0] >= now_s:
+            self.buckets[-1][1] += amount
+        else:
+            self.buckets.append([now_s, amount])
+        self.total += amount
 
     def adjust(self, bucket: int, delta: int, now_s: int) -> None:
-        slot = bucket % WINDOW_S
-        if self.stamps[slot] == bucket and bucket > now_s - WINDOW_S:
-            self.counts[slot] = max(0, self.counts[slot] + delta)
+        for entry in self.live(now_s):
+            if entry[0] == bucket:
+                change = max(delta, -entry[1])
+                entry[1] += change
+                self.total += change
+                return
 
 
-def wait_until_fits(live: list[tuple[int, int]], need: int, limit: int, now: float) -> float:
+def wait_until_fits(live: deque[list[int]], used: int, need: int, limit: int, now: float) -> float:
     """Seconds until enough old buckets expire for `need` more to fit under `limit`."""
-    excess = sum(c for _, c in live) + need - limit
+    excess = used + need - limit
     for stamp, count in live:
         excess -= count
         if excess <= 0:
@@ -67,17 +74,16 @@ class MemoryLimiter(Limiter):
         now_s = int(now)
         req_live = state.requests.live(now_s)
         tok_live = state.tokens.live(now_s)
-        req_used = sum(c for _, c in req_live)
-        tok_used = sum(c for _, c in tok_live)
+        req_used, tok_used = state.requests.total, state.tokens.total
         usage = Usage(
             limits.requests_per_minute, (limits.requests_per_minute or 0) - req_used, _reset(req_live, now),
             limits.tokens_per_minute, (limits.tokens_per_minute or 0) - tok_used, _reset(tok_live, now),
         )
         rpm, tpm, max_conc = limits.requests_per_minute, limits.tokens_per_minute, limits.max_concurrent
         if rpm is not None and req_used + 1 > rpm:
-            return rejection("requests", rpm, wait_until_fits(req_live, 1, rpm, now), usage, tokens)
+            return rejection("requests", rpm, wait_until_fits(req_live, req_used, 1, rpm, now), usage, tokens)
         if tpm is not None and tok_used + tokens > tpm:
-            wait = wait_until_fits(tok_live, tokens, tpm, now) if tokens <= tpm else float(WINDOW_S)
+            wait = wait_until_fits(tok_live, tok_used, tokens, tpm, now) if tokens <= tpm else float(WINDOW_S)
             return rejection("tokens", tpm, wait, usage, tokens)
         if max_conc is not None and state.in_flight >= max_conc:
             return rejection("concurrency", max_conc, 1.0, usage, tokens)
@@ -98,5 +104,5 @@ class MemoryLimiter(Limiter):
             state.tokens.adjust(grant.bucket, actual_tokens - grant.reserved_tokens, int(time.time()))
 
 
-def _reset(live: list[tuple[int, int]], now: float) -> float:
+def _reset(live: deque[list[int]], now: float) -> float:
     return max(live[-1][0] + WINDOW_S - now, 0.0) if live else 0.0

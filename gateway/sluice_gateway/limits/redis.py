@@ -11,6 +11,8 @@ import logging
 import uuid
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from ..config import Limits, RedisSettings
@@ -110,6 +112,8 @@ class RedisLimiter(Limiter):
             socket_timeout=settings.timeout_s,
             socket_connect_timeout=settings.timeout_s,
             max_connections=256,
+            # One immediate retry covers a pooled connection Redis had closed; beyond that the failure mode decides.
+            retry=Retry(NoBackoff(), 1),
         )
         self._fail_open = settings.on_failure == "open"
         self._lease_ttl_ms = int(lease_ttl_s * 1000)
