@@ -26,7 +26,7 @@ run: install
 	  echo; echo 'Sluice is up: runtime on :8000, gateway on :8080. Through the gateway:'; \
 	  echo '  curl http://127.0.0.1:8080/v1/chat/completions -H "Authorization: Bearer sk-sluice-demo" -H "Content-Type: application/json" -d "{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}"'; echo ) & ready=$$!; \
 	trap 'kill $$gw $$ready 2>/dev/null' EXIT INT TERM; \
-	$(VENV)/bin/sluice-runtime serve --model smollm2 --port 8000
+	$(VENV)/bin/sluice-runtime serve --model smollm2 --port 8000 --print-examples
 
 test: install
 	$(PY) -m pytest -q -ra tests
@@ -37,8 +37,9 @@ test-unit: install
 bench-engine: install
 	$(PY) bench/engine_bench.py
 
+# A fresh runtime on a free port at concurrency 32, against the offline engine in the same run.
 bench-serve: install
-	$(PY) bench/serve_bench.py --help
+	$(PY) bench/serve_bench.py --start-server --compare-offline --max-concurrency 32 --num-prompts 32 --rounds 2
 
 # Installs LiteLLM (pinned) into its own venv under /tmp on first use; never part of `make test`.
 bench-gateway: install
