@@ -4,13 +4,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from sluice_runtime.engine.config import EngineConfig
 from sluice_runtime.server.settings import ServerSettings
-
-log = logging.getLogger("sluice.server")
 
 
 def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:

@@ -85,13 +85,14 @@ def validation_error(exc: RequestValidationError) -> APIError:
         return invalid_request("Invalid request body.")
     first = errors[0]
     if first.get("type") == "json_invalid":
-        return invalid_request(f"The request body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}.",
-                               code="invalid_json")
+        reason = first.get("ctx", {}).get("error", first["msg"])
+        return invalid_request(f"The request body is not valid JSON: {reason}.", code="invalid_json")
     param = _location(tuple(first.get("loc", ())))
     if param is None and first.get("type") in ("model_attributes_type", "dict_type"):
         return invalid_request("The request body must be a JSON object.", code="invalid_json")
     if first.get("type") == "missing":
-        return invalid_request(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+        return invalid_request(f"Missing required parameter: '{param}'.", param=param,
+                               code="missing_required_parameter")
     message = first.get("msg", "Invalid value")
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]

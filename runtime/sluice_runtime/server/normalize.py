@@ -6,7 +6,7 @@ request is refused with a 400 naming the offending parameter before it reaches t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sluice_runtime.engine.sampling_params import SamplingParams
 
@@ -55,7 +55,6 @@ class GenerationRequest:
     echo: bool = False
     tool_use: ToolUse | None = None
     response_format: str = "text"
-    log_fields: dict = field(default_factory=dict)
 
 
 class RequestNormalizer:
@@ -201,8 +200,8 @@ class RequestNormalizer:
         if self._template.renders_tools and calls:
             return {"role": "assistant", "content": text or "",
                     "tool_calls": [{"type": "function", "id": c.id,
-                                    "function": {"name": c.function.name, "arguments": _json_or_str(c.function.arguments)}}
-                                   for c in calls]}
+                                    "function": {"name": c.function.name,
+                                                 "arguments": _json_or_str(c.function.arguments)}} for c in calls]}
         parts = ([text] if text else []) + [render_call(c.function.name, c.function.arguments) for c in calls]
         return {"role": "assistant", "content": "\n".join(parts)}
 
