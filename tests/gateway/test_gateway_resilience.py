@@ -128,3 +128,16 @@ def test_client_disconnect_aborts_the_upstream_and_frees_the_slot(tiny_runtimes,
     assert httpx.post(f"{gateway.url}/v1/chat/completions", json=chat("tiny"), headers=HEADERS).status_code == 200
     assert gateway.metric("sluice_gateway_client_disconnects_total") == 2
     assert gateway.metric("sluice_gateway_requests_in_flight") == 0
+
+
+def test_first_byte_timeout_is_504_and_abandons_the_upstream(tiny_runtimes, start_gateway):
+    runtime = tiny_runtimes[1].url
+    config = gateway_config(tenant(), timeouts={"first_byte_s": 0.3}, routing={"max_attempts": 1})
+    gateway = start_gateway(config, table(tiny={"backends": [backend("b", runtime)]}))
+    cancelled = runtime_metric(runtime, "sluice_runtime_requests_cancelled_total")
+    started = time.monotonic()
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json=chat("tiny", **LONG), headers=HEADERS, timeout=60)
+    assert response.status_code == 504 and response.json()["error"]["code"] == "upstream_timeout"
+    assert time.monotonic() - started < 10
+    wait_for(lambda: runtime_metric(runtime, "sluice_runtime_requests_cancelled_total") == cancelled + 1,
+             what="the runtime to abort the abandoned request")
