@@ -56,6 +56,13 @@ def wait_http(url: str, process: subprocess.Popen, timeout: float, headers: dict
     raise SystemExit(f"{url} did not come up within {timeout} s")
 
 
+def rss_mib(process: subprocess.Popen) -> float:
+    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def litellm_python(venv: Path) -> Path:
     python = venv / "bin" / "python"
     if not (venv / "bin" / "litellm").exists():
@@ -142,6 +149,7 @@ def main() -> None:
         sluice = f"http://127.0.0.1:{sluice_port}"
         wait_http(f"{sluice}/ready", procs[-1], 30)
 
+        proxies = {"sluice": procs[-1]}
         targets = {
             "direct": (f"{backend}/v1/chat/completions", {}),
             "sluice": (f"{sluice}/v1/chat/completions", {"authorization": f"Bearer {TENANT_KEY}"}),
@@ -161,6 +169,9 @@ def main() -> None:
             litellm = f"http://127.0.0.1:{litellm_port}"
             wait_http(f"{litellm}/health/liveliness", procs[-1], 180)
             targets["litellm"] = (f"{litellm}/v1/chat/completions", {"authorization": f"Bearer {LITELLM_KEY}"})
+            proxies["litellm"] = procs[-1]
+
+        memory = {name: {"start_mib": rss_mib(proc)} for name, proc in proxies.items()}
 
         results = []
         for stream in (False, True):
@@ -173,6 +184,11 @@ def main() -> None:
                     print(f"  {name:8s} stream={stream!s:5s} c={concurrency:<3d} {cell['rps']:8.0f} req/s "
                           f"p50 {cell['p50_ms']:7.2f} ms  p99 {cell['p99_ms']:7.2f} ms  errors {cell['errors']}",
                           flush=True)
+        for name, proc in proxies.items():
+            memory[name]["end_mib"] = rss_mib(proc)
+            memory[name]["requests"] = sum(c["requests"] for c in results if c["target"] == name)
+            print(f"  {name} resident memory: {memory[name]['start_mib']:.0f} MiB idle, "
+                  f"{memory[name]['end_mib']:.0f} MiB after {memory[name]['requests']} requests")
     finally:
         for proc in procs:
             proc.terminate()
@@ -185,7 +201,7 @@ def main() -> None:
 
     summary = report(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"cells": results, "summary": summary}, indent=2))
+    args.out.write_text(json.dumps({"cells": results, "summary": summary, "memory": memory}, indent=2))
     plot(results, args.out.with_suffix(".png"))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 

@@ -138,6 +138,13 @@ class GatewayApp:
         principal: Principal | None = None
         grant: Grant | None = None
         response_headers = [(b"x-request-id", request_id)]
+        response_started = False
+
+        async def send_tracked(message: dict[str, Any]) -> None:
+            nonlocal response_started
+            response_started = True
+            await send(message)
+
         self.metrics.in_flight.inc()
         try:
             principal = self._principal(headers)
@@ -169,7 +176,7 @@ class GatewayApp:
             )
             await self._forward_until_disconnect(
                 attempts, path, parsed.payload, parsed.stream, strip_usage, request_id, started,
-                response_headers, receive, send, outcome,
+                response_headers, receive, send_tracked, outcome,
             )
         except GatewayError as err:
             outcome.status = err.status
@@ -178,6 +185,13 @@ class GatewayApp:
         except _ClientGone:
             outcome.status = 499
             self.metrics.client_disconnects.inc()
+        except Exception:
+            # Our own bug: log it with the request id, answer in the API's format rather than a bare 500.
+            log.exception("unexpected error in request %s", request_id.decode(errors="replace"))
+            outcome.status = 500
+            if not response_started:
+                body = GatewayError(500, "internal error in the gateway", code="internal_error").body()
+                await _send_all(send, 500, body, [_JSON, *response_headers], started)
         finally:
             self.metrics.in_flight.dec()
             if grant is not None:
@@ -302,7 +316,8 @@ class GatewayApp:
         data = [
             {"url": s.url, "available": s.available(now), "healthy": s.healthy, "waiting": s.waiting,
              "running": s.running, "kv_cache_usage": s.kv_cache_usage, "in_flight": s.in_flight,
-             "ejected_for_s": round(max(s.ejected_until - now, 0.0), 3)}
+             "ejected_for_s": round(max(s.ejected_until - now, 0.0), 3),
+             "polled_s_ago": round(now - s.polled_at, 3) if s.polled_at else None}
             for s in self.picker.endpoints()
         ]
         return 200, json.dumps({"endpoints": data}).encode(), b"application/json"

@@ -11,7 +11,7 @@ _TYPES = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
-    499: "client_closed_request",
+    500: "api_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "timeout_error",
