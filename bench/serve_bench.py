@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -137,9 +138,18 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
 
 
 class OfflineEngine:
-    """The same prompts through the engine's offline API, batched like the server under this load."""
+    """The same prompts through the engine's offline API, batched like the server under this load.
+
+    The engine runs on a worker thread of its own, as it does inside the server (AsyncEngine): on a
+    busy machine torch is several times slower on the main thread than on a worker thread, which
+    would otherwise dominate the comparison.
+    """
 
     def __init__(self, args):
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offline-engine")
+        self._worker.submit(self._load, args).result()
+
+    def _load(self, args) -> None:
         from sluice_runtime.engine.llm import LLM
         from sluice_runtime.engine.sampling_params import SamplingParams
 
@@ -149,6 +159,9 @@ class OfflineEngine:
         self._llm.generate(["warm-up"], SamplingParams(max_tokens=2), use_tqdm=False)
 
     def run(self, prompts: list[str]) -> dict:
+        return self._worker.submit(self._run, prompts).result()
+
+    def _run(self, prompts: list[str]) -> dict:
         started = time.perf_counter()
         outputs = self._llm.generate(prompts, self._params, use_tqdm=False)
         duration = time.perf_counter() - started
@@ -222,12 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (without /v1)")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--tokenizer", default=None, help="HF tokenizer dir for making prompts (default: the model's)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="HF tokenizer dir for making prompts (default: the model's)")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=250)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--max-concurrency", type=int, default=32, help="0 = unbounded")
-    parser.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="requests/s (Poisson); inf = all at once")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat the measurement; with --compare-offline the two alternate, which evens out "
@@ -239,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.compare_offline and not args.start_server:
         parser.error("--compare-offline needs --start-server: the engine and the server must not share the CPU")
-    if min(args.num_prompts, args.input_len, args.output_len, args.rounds) < 1 or args.max_concurrency < 0 or args.request_rate <= 0:
+    if min(args.num_prompts, args.input_len, args.output_len, args.rounds) < 1 or args.max_concurrency < 0 \
+            or args.request_rate <= 0:
         parser.error("--num-prompts, --input-len, --output-len, --rounds and --request-rate must be positive")
 
     from transformers import AutoTokenizer
