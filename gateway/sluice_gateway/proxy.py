@@ -82,7 +82,6 @@ class Upstream:
         total_deadline = loop.time() + self._timeouts.total_s
         headers = {"content-type": "application/json", "x-request-id": request_id}
         last_error: tuple[int, bytes, str] | None = None
-        timed_out = False
         for attempt in islice(attempts, max_attempts):
             outcome.attempts += 1
             if outcome.attempts > 1:
@@ -103,9 +102,10 @@ class Upstream:
                     self._failed(attempt, "connect" if exc.connect else "protocol")
                     continue
                 except TimeoutError:
-                    timed_out = True
+                    # Not retried: the wait already used the client's patience, and another endpoint would
+                    # start the whole generation again.
                     self._failed(attempt, "first_byte_timeout")
-                    continue
+                    raise GatewayError(504, "the model did not answer in time", code="upstream_timeout") from None
                 headers_at = time.perf_counter()
                 outcome.upstream_s = headers_at - sent_at
                 if resp.status in _RETRY_STATUSES:
@@ -141,8 +141,6 @@ class Upstream:
                 503, "no endpoint can serve this model right now", code="no_ready_endpoint",
                 headers=[(b"retry-after", b"5")],
             )
-        if timed_out:
-            raise GatewayError(504, "the model did not answer in time", code="upstream_timeout")
         raise GatewayError(
             503, "no endpoint of this model could be reached; try again shortly", code="upstream_unreachable",
             headers=[(b"retry-after", b"1")],
