@@ -144,8 +144,8 @@ def main() -> None:
         sluice_port = free_port()
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "sluice_gateway.cli", "--config", str(workdir / "gateway.yaml"),
-             "--routes", str(workdir / "routes.json"), "--host", "127.0.0.1", "--port", str(sluice_port),
-             "--log-level", "warning"], **quiet))
+             "--routes", str(workdir / "routes.json"), "--host", "127.0.0.1", "--port", str(sluice_port)],
+            **quiet))  # default log level: the JSON access log is written, as in production
         sluice = f"http://127.0.0.1:{sluice_port}"
         wait_http(f"{sluice}/ready", procs[-1], 30)
 

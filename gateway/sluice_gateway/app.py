@@ -7,6 +7,7 @@ access-log line (with the key's id, never the key).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -39,6 +40,8 @@ _PROXIED = {
     "/v1/embeddings": "embedding",
 }
 _JSON = (b"content-type", b"application/json")
+# Request ids: a random per-process prefix and a counter, unique without a system call per request.
+_request_ids = (f"{uuid.uuid4().hex[:16]}{n:08x}".encode() for n in itertools.count())
 
 
 class _ClientGone(Exception):
@@ -112,7 +115,7 @@ class GatewayApp:
     async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         started = time.perf_counter()
         headers = dict(scope["headers"])
-        request_id = headers.get(b"x-request-id") or uuid.uuid4().hex.encode()
+        request_id = headers.get(b"x-request-id") or next(_request_ids)
         path, method = scope["path"], scope["method"]
         kind = _PROXIED.get(path)
         if kind is not None and method == "POST":
@@ -262,7 +265,7 @@ class GatewayApp:
         if outcome.prompt_tokens is not None:
             self.metrics.tokens.labels(tenant, "prompt").inc(outcome.prompt_tokens)
             self.metrics.tokens.labels(tenant, "completion").inc(outcome.completion_tokens or 0)
-        if self.config.access_log:
+        if self.config.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(json.dumps({
                 "request_id": request_id.decode(errors="replace"),
                 "tenant": tenant,

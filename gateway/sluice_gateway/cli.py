@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         http="auto",
         lifespan="on",
         access_log=False,
+        proxy_headers=False,
+        server_header=False,
         log_level=args.log_level,
         timeout_graceful_shutdown=30,
     )
