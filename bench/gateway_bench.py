@@ -114,9 +114,10 @@ async def load(url: str, headers: dict, body: bytes, stream: bool, concurrency: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=4.0, help="measuring time per cell")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
     parser.add_argument("--max-requests", type=int, default=20000, help="cap per cell")
     parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--rounds", type=int, default=3, help="repeat the whole matrix; report medians")
     parser.add_argument("--litellm-venv", type=Path, default=Path("/tmp/sluice-litellm-venv"))
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gateway_bench.json")
@@ -173,17 +174,26 @@ def main() -> None:
 
         memory = {name: {"start_mib": rss_mib(proc)} for name, proc in proxies.items()}
 
-        results = []
-        for stream in (False, True):
-            body = json.dumps({**PAYLOAD, "stream": stream}).encode()
-            for concurrency in concurrencies:
-                for name, (url, headers) in targets.items():
-                    cell = asyncio.run(load(url, headers, body, stream, concurrency, args.seconds, args.max_requests))
-                    cell.update(target=name, stream=stream, concurrency=concurrency)
-                    results.append(cell)
-                    print(f"  {name:8s} stream={stream!s:5s} c={concurrency:<3d} {cell['rps']:8.0f} req/s "
-                          f"p50 {cell['p50_ms']:7.2f} ms  p99 {cell['p99_ms']:7.2f} ms  errors {cell['errors']}",
-                          flush=True)
+        runs: dict[tuple, list[dict]] = {}
+        for round_ in range(args.rounds):
+            for stream in (False, True):
+                body = json.dumps({**PAYLOAD, "stream": stream}).encode()
+                for concurrency in concurrencies:
+                    for name, (url, headers) in targets.items():
+                        cell = asyncio.run(load(url, headers, body, stream, concurrency, args.seconds,
+                                                args.max_requests))
+                        runs.setdefault((name, stream, concurrency), []).append(cell)
+                        print(f"  round {round_ + 1} {name:8s} stream={stream!s:5s} c={concurrency:<3d} "
+                              f"{cell['rps']:8.0f} req/s p50 {cell['p50_ms']:7.2f} ms  p99 {cell['p99_ms']:7.2f} ms"
+                              f"  errors {cell['errors']}", flush=True)
+        # Medians over rounds: the targets are measured side by side in every round, so drifts in the
+        # machine's background load hit them alike and the median drops the odd disturbed round.
+        results = [
+            {"target": name, "stream": stream, "concurrency": c, "rounds": len(cells),
+             "requests": sum(x["requests"] for x in cells), "errors": sum(x["errors"] for x in cells),
+             **{k: statistics.median(x[k] for x in cells) for k in ("rps", "p50_ms", "p99_ms")}}
+            for (name, stream, c), cells in runs.items()
+        ]
         for name, proc in proxies.items():
             memory[name]["end_mib"] = rss_mib(proc)
             memory[name]["requests"] = sum(c["requests"] for c in results if c["target"] == name)
