@@ -28,6 +28,7 @@ _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"([a-z_]+)"')
 _RETRY_STATUSES = {500, 502, 503, 504}
+_MAX_PENDING = 1024 * 1024  # bytes of an unfinished event held back, at most
 
 
 @dataclass(slots=True)
@@ -200,6 +201,9 @@ class Upstream:
                     pending += chunk
                     cut = pending.rfind(b"\n\n")
                     if cut < 0:
+                        if len(pending) > _MAX_PENDING:  # not SSE as we know it: pass it on rather than hoard it
+                            await send({"type": "http.response.body", "body": pending, "more_body": True})
+                            pending = b""
                         continue
                     events, pending = pending[: cut + 2], pending[cut + 2 :]
                     if outcome.ttft_s is None:
