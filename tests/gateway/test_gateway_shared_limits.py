@@ -45,8 +45,6 @@ def test_requests_per_minute_is_exact_across_two_gateways(redis_server, tiny_run
     assert all(r.headers["x-ratelimit-limit-requests"] == "25" for r in refused)
     assert all(r.headers["x-ratelimit-remaining-requests"] == "0" for r in refused)
     assert {r.json()["error"]["code"] for r in refused} == {"rate_limit_exceeded"}
-    served_by = collections.Counter(r.url.port for r in responses if r.status_code == 200)
-    assert len(served_by) == 2, "both gateways should have admitted some of the 25"
 
     client = openai.OpenAI(base_url=f"{gateways[1].url}/v1", api_key=KEY, max_retries=0)
     with pytest.raises(openai.RateLimitError):
