@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import json
 import logging
+import re
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +41,8 @@ _PROXIED = {
     "/v1/embeddings": "embedding",
 }
 _JSON = (b"content-type", b"application/json")
+# A client's request id is kept when it is short and plain (it goes into logs and upstream headers).
+_CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Request ids: a random per-process prefix and a counter, unique without a system call per request.
 _request_ids = (f"{uuid.uuid4().hex[:16]}{n:08x}".encode() for n in itertools.count())
 
@@ -115,7 +118,8 @@ class GatewayApp:
     async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         started = time.perf_counter()
         headers = dict(scope["headers"])
-        request_id = headers.get(b"x-request-id") or next(_request_ids)
+        client_id = headers.get(b"x-request-id")
+        request_id = client_id if client_id and _CLIENT_ID.match(client_id) else next(_request_ids)
         path, method = scope["path"], scope["method"]
         kind = _PROXIED.get(path)
         if kind is not None and method == "POST":

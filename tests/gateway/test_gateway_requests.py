@@ -124,6 +124,8 @@ def test_request_id_is_propagated_and_overhead_reported(gateway, tiny_runtimes):
         time.sleep(0.05)
     generated = httpx.get(f"{gateway.url}/v1/models", headers={"authorization": f"Bearer {ALICE}"})
     assert len(generated.headers["x-request-id"]) >= 16 and "x-sluice-overhead-ms" in generated.headers
+    odd = httpx.get(f"{gateway.url}/health", headers={"x-request-id": "has spaces; and more"})
+    assert odd.headers["x-request-id"] != "has spaces; and more" and len(odd.headers["x-request-id"]) >= 16
 
 
 def test_access_log_names_the_key_but_never_contains_it(gateway):
