@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.norm import RMSNorm
-from ..layers.rotary import RotaryEmbedding
+from ..layers.rotary import RotaryEmbedding, apply_rotary
 from .config import ModelConfig
 
 
@@ -27,14 +27,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
 
-    def forward(self, x, positions, rotary, backend, meta, kv_cache):
+    def forward(self, x, rope, backend, meta, kv_cache):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         k_cache, v_cache = kv_cache if kv_cache is not None else (None, None)
         out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
@@ -60,8 +60,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rotary, backend, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, backend, meta, kv_cache)
+    def forward(self, x, rope, backend, meta, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), rope, backend, meta, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -80,8 +80,9 @@ class LlamaForCausalLM(nn.Module):
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, backend, meta,
                       kv_caches: list | None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, self.rotary, backend, meta, kv_caches[i] if kv_caches else None)
+            x = layer(x, rope, backend, meta, kv_caches[i] if kv_caches else None)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
