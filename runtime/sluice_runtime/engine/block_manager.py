@@ -107,6 +107,9 @@ class BlockManager:
             self._acquire(block)
         seq.block_table = [b.block_id for b in matched]
         seq.num_computed_tokens = len(matched) * self.block_size
+
+    def record_prefix_query(self, seq: Sequence) -> None:
+        """Count a request's first admission (not retries or recomputes) in the hit-rate figures."""
         if seq.index == 0 and seq.num_preemptions == 0:
             self.prefix_queries += seq.num_prompt_tokens
             self.prefix_hits += seq.num_computed_tokens

@@ -133,6 +133,7 @@ class Scheduler:
                 self.blocks.free_sequence(seq)
                 break
             self.waiting.pop(0)
+            self.blocks.record_prefix_query(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self.blocks.allocate(seq, chunk)
