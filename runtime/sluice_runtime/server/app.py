@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from sluice_runtime.engine.sampling_params import SamplingParams
 from sluice_runtime.metrics import RuntimeMetrics
@@ -31,6 +32,7 @@ from .settings import ServerSettings
 from .structured_output import GrammarCompiler
 
 log = logging.getLogger("sluice.server")
+_LARGE_BODY_BYTES = 64 << 10
 
 
 class Runtime:
@@ -96,7 +98,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         record = rt.record(request, body.model, body.stream)
-        greq = rt.normalizer.chat(body, request.state.request_id)
+        greq = await _off_loop_if_large(request, rt.normalizer.chat, body, request.state.request_id)
         describe(record, greq)
         rt.metrics.in_flight.inc()
         try:
@@ -107,7 +109,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         record = rt.record(request, body.model, body.stream)
-        greq = rt.normalizer.completion(body, request.state.request_id)
+        greq = await _off_loop_if_large(request, rt.normalizer.completion, body, request.state.request_id)
         describe(record, greq)
         rt.metrics.in_flight.inc()
         try:
@@ -118,7 +120,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/embeddings", response_model=EmbeddingResponse)
     async def embeddings(body: EmbeddingRequest, request: Request):
         record = rt.record(request, body.model)
-        prompts = rt.normalizer.embedding_inputs(body)
+        prompts = await _off_loop_if_large(request, rt.normalizer.embedding_inputs, body)
 
         async def embed_all() -> list[list[float]]:
             return [await engine.embed(p) for p in prompts]
@@ -147,7 +149,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     @app.post("/tokenize", response_model=TokenizeResponse)
     async def tokenize(body: TokenizeRequest, request: Request):
         rt.record(request, body.model)
-        tokens = rt.normalizer.tokenize(body)
+        tokens = await _off_loop_if_large(request, rt.normalizer.tokenize, body)
         return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=rt.capabilities.max_model_len)
 
     @app.post("/detokenize", response_model=DetokenizeResponse)
@@ -188,6 +190,14 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+async def _off_loop_if_large(request: Request, fn, *args):
+    """Templating and tokenizing a large body takes long enough to stall every open stream; do it on a
+    worker thread then. Small bodies, the common case, skip the thread hop."""
+    if int(request.headers.get("content-length") or 0) > _LARGE_BODY_BYTES:
+        return await run_in_threadpool(fn, *args)
+    return fn(*args)
 
 
 def _card(rt: Runtime, name: str) -> ModelCard:

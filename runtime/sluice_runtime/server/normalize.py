@@ -66,6 +66,11 @@ class RequestNormalizer:
         self._grammars = grammars
         self._served_names = served_names
         self._vocab_size = vocab_size
+        # No token covers more characters than the longest vocabulary entry, so text longer than
+        # context x that many characters is too long without tokenizing it: a huge body then costs
+        # the event loop nothing.
+        longest = max((len(t) for t in tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))) if t), default=1)
+        self._max_prompt_chars = capabilities.max_model_len * max(longest, 1)
 
     # --- entry points -----------------------------------------------------------------------------
 
@@ -80,7 +85,7 @@ class RequestNormalizer:
                                   code="no_chat_template")
         tool_use = self._tool_use(body)
         text = self._render(body.messages, tool_use)
-        prompt = self._tokenizer.encode(text, add_special_tokens=False)
+        prompt = self._encode(text, False, "messages")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         self._check_context(len(prompt), max_tokens, "messages", param)
@@ -292,7 +297,7 @@ class RequestNormalizer:
         prompts, texts = [], []
         for item in items:
             if isinstance(item, str):
-                ids = self._tokenizer.encode(item, add_special_tokens=True)
+                ids = self._encode(item, True, param)
                 texts.append(item)
             else:
                 self.check_token_ids(item, param)
@@ -302,6 +307,14 @@ class RequestNormalizer:
                 raise invalid_request(f"{param} must not be empty.", param=param)
             prompts.append(ids)
         return prompts, texts
+
+    def _encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        if len(text) > self._max_prompt_chars:
+            raise invalid_request(
+                f"This model's maximum context length is {self._caps.max_model_len} tokens, but the {param} has "
+                f"{len(text)} characters, which is more than that many tokens can hold. Shorten the {param}.",
+                param=param, code="context_length_exceeded")
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def _too_long(self, prompt_len: int, param: str) -> APIError:
         return invalid_request(
