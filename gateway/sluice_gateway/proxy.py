@@ -147,6 +147,12 @@ class Upstream:
             headers=[(b"retry-after", b"1")],
         )
 
+    def _events(self, events: bytes, strip_usage: bool, started: float, outcome: Outcome) -> bytes:
+        if events and outcome.ttft_s is None:
+            outcome.ttft_s = time.perf_counter() - started
+            self._metrics.ttft.labels(outcome.route, outcome.backend).observe(outcome.ttft_s)
+        return _inspect_events(events, strip_usage, outcome)
+
     def _failed(self, attempt: Attempt, kind: str) -> None:
         self._picker.report_failure(attempt.endpoint)
         self._metrics.upstream_errors.labels(attempt.backend.name, kind).inc()
@@ -199,6 +205,8 @@ class Upstream:
                 async for chunk in resp.iter_chunks():
                     deadline.reschedule(min(loop.time() + idle, total_deadline))
                     pending += chunk
+                    if resp.finished:
+                        break  # the rest goes out with the end of the response, in one write
                     cut = pending.rfind(b"\n\n")
                     if cut < 0:
                         if len(pending) > _MAX_PENDING:  # not SSE as we know it: pass it on rather than hoard it
@@ -206,15 +214,12 @@ class Upstream:
                             pending = b""
                         continue
                     events, pending = pending[: cut + 2], pending[cut + 2 :]
-                    if outcome.ttft_s is None:
-                        outcome.ttft_s = time.perf_counter() - started
-                        self._metrics.ttft.labels(outcome.route, outcome.backend).observe(outcome.ttft_s)
-                    events = _inspect_events(events, strip_usage, outcome)
+                    events = self._events(events, strip_usage, started, outcome)
                     if events:
                         await send({"type": "http.response.body", "body": events, "more_body": True})
             complete = True
             outcome.responded = True
-            await send({"type": "http.response.body", "body": pending})
+            await send({"type": "http.response.body", "body": self._events(pending, strip_usage, started, outcome)})
         except (UpstreamError, TimeoutError) as exc:
             # Headers are out: the status cannot change, so say what happened in the stream's own format.
             reason = "timed out" if isinstance(exc, TimeoutError) else "closed the connection"

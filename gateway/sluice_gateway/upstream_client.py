@@ -105,6 +105,11 @@ class UpstreamResponse:
         self._settled = False
 
     @property
+    def finished(self) -> bool:
+        """The whole response has arrived and only buffered bytes remain to be taken."""
+        return self.complete and not self._chunks
+
+    @property
     def content_type(self) -> str:
         return self.headers.get("content-type", "").split(";")[0].strip()
 

@@ -131,7 +131,7 @@ def test_request_id_is_propagated_and_overhead_reported(gateway, tiny_runtimes):
 def test_access_log_names_the_key_but_never_contains_it(gateway):
     httpx.post(f"{gateway.url}/v1/chat/completions", json={"model": "chat-small", "messages": CHAT, "max_tokens": 2},
                headers={"authorization": f"Bearer {BOB}", "x-request-id": "log-check"})
-    line = next(entry for entry in gateway.log_lines() if entry.get("request_id") == "log-check")
+    line = gateway.access_lines("log-check")["log-check"]
     assert line["tenant"] == "bob" and line["key_id"] == "bob-key" and line["status"] == 200
     assert line["route"] == "chat-small" and line["backend"] == "tiny-v1" and line["completion_tokens"] == 2
     assert line["finish_reason"] == "length" and line["overhead_ms"] > 0
@@ -140,8 +140,9 @@ def test_access_log_names_the_key_but_never_contains_it(gateway):
 
 
 def test_metrics_count_requests_tokens_and_load(gateway):
-    httpx.post(f"{gateway.url}/v1/chat/completions", json={"model": "chat-small", "messages": CHAT, "max_tokens": 2},
-               headers={"authorization": f"Bearer {BOB}"})
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"authorization": f"Bearer {BOB}"},
+                          json={"model": "chat-small", "messages": CHAT, "max_tokens": 2})
+    gateway.access_lines(response.headers["x-request-id"])  # written with the metrics, after the response
     assert gateway.metric("sluice_gateway_requests_total", route="chat-small", tenant="bob", status="200") >= 1
     assert gateway.metric("sluice_gateway_tokens_total", tenant="bob", direction="completion") >= 2
     assert gateway.metric("sluice_gateway_overhead_seconds_count") >= 1

@@ -69,7 +69,7 @@ def test_killed_runtime_is_retried_elsewhere_and_its_route_falls_back(tiny_runti
 
     assert gateway.metric("sluice_gateway_retries_total") >= 1
     assert gateway.metric("sluice_gateway_upstream_errors_total", kind="connect") >= 1
-    cut = next(line for line in gateway.log_lines() if line.get("request_id") == "cut-off")
+    cut = gateway.access_lines("cut-off")["cut-off"]
     assert cut["attempts"] == 1 and cut["finish_reason"] == "upstream_error", "retried after the first byte"
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     states = {e["url"]: e for e in httpx.get(f"{gateway.url}/admin/endpoints", headers=admin).json()["endpoints"]}
@@ -143,5 +143,5 @@ def test_first_byte_timeout_is_504_and_abandons_the_upstream_without_retrying(ti
                           headers={**HEADERS, "x-request-id": "too-slow"}, timeout=60)
     assert response.status_code == 504 and response.json()["error"]["code"] == "upstream_timeout"
     wait_for(lambda: cancelled() == before + 1, what="the runtime to abort the abandoned request")
-    line = next(entry for entry in gateway.log_lines() if entry.get("request_id") == "too-slow")
+    line = gateway.access_lines("too-slow")["too-slow"]
     assert line["attempts"] == 1 and line["status"] == 504
