@@ -1,0 +1,68 @@
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sluice
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "gateway") */}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" .root }}-{{ .component }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "sluice.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The operator's fixed contract (operator/sluice_operator/handlers/routing.py): it writes this ConfigMap
+     and key in every namespace holding InferenceModels; the gateway mounts it from its own namespace. */}}
+{{- define "sluice.routingTable.name" -}}sluice-routing-table{{- end -}}
+{{- define "sluice.routingTable.key" -}}routing-table.json{{- end -}}
+
+{{/* Labels of the runtime pods the operator creates (operator/sluice_operator/builders/names.py). */}}
+{{- define "sluice.runtimeSelector" -}}
+app.kubernetes.io/name: sluice-runtime
+app.kubernetes.io/managed-by: sluice-operator
+{{- end -}}
+
+{{- define "sluice.gatewaySecretName" -}}
+{{- .Values.gateway.config.existingSecret | default (printf "%s-gateway" (include "sluice.fullname" .)) -}}
+{{- end -}}
+
+{{- define "sluice.redisUrl" -}}
+{{- if .Values.redis.bundled.enabled -}}
+redis://{{ include "sluice.fullname" . }}-redis:6379/0
+{{- else -}}
+{{- .Values.redis.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ClusterRole rules of operator/sluice_operator/rbac/operator.yaml, copied into files/ by `make crds`. */}}
+{{- define "sluice.operatorRules" -}}
+{{- range $doc := regexSplit "(?m)^---\\s*$" (.Files.Get "files/operator-rbac.yaml") -1 }}
+{{- $object := fromYaml $doc }}
+{{- if eq (get $object "kind") "ClusterRole" }}
+{{- toYaml (get $object "rules") }}
+{{- end }}
+{{- end }}
+{{- end -}}
