@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 EXTRAS ?= engine,gateway,operator,demo,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install run test test-unit crds bench-engine bench-serve bench-gateway cluster-build cluster-up cluster-down clean
+.PHONY: install run test test-unit crds chart-check bench-engine bench-serve bench-gateway cluster-build cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,8 +55,15 @@ cluster-up:
 cluster-down:
 	$(PYTHON) -m e2e.cluster down
 
+# The chart carries copies of the CRDs and of the operator's RBAC (Helm reads only files inside the chart).
 crds: install
 	$(VENV)/bin/sluice-operator crds --out crds
+	cp crds/*.yaml charts/sluice/crds/
+	cp operator/sluice_operator/rbac/operator.yaml charts/sluice/files/operator-rbac.yaml
+
+# helm lint, helm template (default and full values), server-side dry run on the local control plane, Dockerfiles.
+chart-check: install
+	$(PY) -m pytest -q -ra tests/chart
 
 clean:
 	rm -rf $(VENV) .pytest_cache

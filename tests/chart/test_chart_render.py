@@ -1,0 +1,153 @@
+"""helm lint and helm template of charts/sluice: what the rendered objects promise an operator of the cluster."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from chart.helm_tool import CHART, FULL_VALUES, REPO, Helm, by_kind, helm_binary, one, pod_spec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def helm(request) -> Helm:
+    return Helm(helm_binary(request))
+
+
+@pytest.fixture(scope="module")
+def default_objects(helm) -> list[dict]:
+    return helm.template()
+
+
+@pytest.fixture(scope="module")
+def full_objects(helm) -> list[dict]:
+    return helm.template("-f", str(FULL_VALUES))
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(FULL_VALUES)]], ids=["default", "full"])
+def test_lint_is_clean(helm, values):
+    result = helm.run("lint", "--strict", str(CHART), *values)
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_default_install_runs_operator_and_gateway_only(default_objects):
+    kinds = sorted({obj["kind"] for obj in default_objects})
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy",
+                     "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"]
+    assert {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")} == {
+        "sluice-operator", "sluice-gateway"}
+
+
+def test_full_values_render_every_optional_object(full_objects):
+    kinds = {obj["kind"] for obj in full_objects}
+    assert {"HorizontalPodAutoscaler", "StatefulSet", "ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
+    dashboard = one(full_objects, "ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["sluice-overview.json"])["uid"] == "sluice-overview"
+    assert "replicas" not in one(full_objects, "Deployment", "-gateway")["spec"], "the HPA owns the replica count"
+
+
+@pytest.mark.parametrize("which", ["default", "full"])
+def test_every_pod_passes_the_restricted_profile(which, default_objects, full_objects):
+    objects = default_objects if which == "default" else full_objects
+    workloads = by_kind(objects, "Deployment") + by_kind(objects, "StatefulSet")
+    assert workloads
+    for workload in workloads:
+        spec = pod_spec(workload)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, container["name"]
+            assert context["readOnlyRootFilesystem"] is True, container["name"]
+            assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+            assert "limits" in container["resources"], container["name"]
+
+
+def test_operator_role_is_the_operators_own_rbac(default_objects):
+    source = [doc for doc in yaml.safe_load_all((REPO / "operator/sluice_operator/rbac/operator.yaml").read_text()) if doc]
+    expected = next(doc for doc in source if doc["kind"] == "ClusterRole")["rules"]
+    assert one(default_objects, "ClusterRole")["rules"] == expected
+    binding = one(default_objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sluice-operator", "namespace": "sluice"}]
+    assert pod_spec(one(default_objects, "Deployment", "-operator"))["serviceAccountName"] == "sluice-operator"
+    assert pod_spec(one(default_objects, "Deployment", "-gateway"))["automountServiceAccountToken"] is False
+
+
+def test_gateway_reads_the_table_the_operator_writes(default_objects):
+    from sluice_gateway.routing_table import parse_routing_table
+    from sluice_operator.handlers.routing import ROUTING_TABLE, ROUTING_TABLE_KEY
+
+    table = one(default_objects, "ConfigMap", ROUTING_TABLE)
+    assert parse_routing_table(table["data"][ROUTING_TABLE_KEY].encode()).routes == {}
+    spec = pod_spec(one(default_objects, "Deployment", "-gateway"))
+    volume = next(v for v in spec["volumes"] if v["name"] == "routes")
+    assert volume["configMap"]["name"] == ROUTING_TABLE
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "routes")
+    assert f"--routes={mount['mountPath']}/{ROUTING_TABLE_KEY}" in spec["containers"][0]["args"]
+
+
+def test_rendered_gateway_config_loads_in_the_gateway(full_objects, tmp_path):
+    from sluice_gateway.config import load_config
+
+    secret = one(full_objects, "Secret", "-gateway")
+    (tmp_path / "gateway.yaml").write_text(secret["stringData"]["gateway.yaml"])
+    config = load_config(tmp_path / "gateway.yaml")
+    assert [tenant.name for tenant in config.tenants] == ["demo", "batch"]
+    assert config.tenants[0].limits.requests_per_minute == 600
+    assert config.redis is not None and config.redis.url == "redis://sluice-redis:6379/0"
+    assert config.redis.on_failure == "closed"
+    assert config.timeouts.first_byte_s == 60 and config.routing.max_attempts == 2
+    assert one(full_objects, "Service", "-redis")["metadata"]["name"] == "sluice-redis"
+
+
+def test_existing_secret_replaces_the_rendered_one(helm):
+    objects = helm.template("--set", "gateway.config.existingSecret=my-gateway-config")
+    assert not [s for s in by_kind(objects, "Secret")]
+    volume = next(v for v in pod_spec(one(objects, "Deployment", "-gateway"))["volumes"] if v["name"] == "config")
+    assert volume["secret"]["secretName"] == "my-gateway-config"
+
+
+def test_operator_replicas_elect_a_leader(helm, full_objects):
+    operator = one(full_objects, "Deployment", "-operator")
+    args = pod_spec(operator)["containers"][0]["args"]
+    assert operator["spec"]["replicas"] == 2
+    assert "--peering=sluice-operator" in args and "--standalone" not in args
+    assert {"--namespace=demo", "--namespace=team-a"} <= set(args)
+    assert one(full_objects, "PodDisruptionBudget", "-operator")["spec"]["minAvailable"] == 1
+    refused = helm.run("template", "sluice", str(CHART), "--set", "operator.replicaCount=2",
+                       "--set", "operator.leaderElection.enabled=false", check=False)
+    assert refused.returncode != 0 and "needs operator.leaderElection.enabled" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "gateway.replicaCount=two"], "/gateway/replicaCount"),
+        (["--set-json", 'gateway.config.tenants=[{"name":"a","keys":[{"id":"k","sha256":"sk-plain"}]}]'],
+         "/gateway/config/tenants/0/keys/0/sha256"),
+        (["--set", "gateway.replicas=3"], "additional properties 'replicas' not allowed"),
+        (["--set", "redis.onFailure=sometimes"], "/redis/onFailure"),
+        (["--set", "monitoring.prometheusRule.kvCacheUsage=90"], "/monitoring/prometheusRule/kvCacheUsage"),
+    ],
+    ids=["type", "plain-key", "typo", "enum", "range"],
+)
+def test_bad_values_fail_at_install_time(helm, args, message):
+    result = helm.run("template", "sluice", str(CHART), *args, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_network_policies_confine_each_component(full_objects):
+    gateway = one(full_objects, "NetworkPolicy", "-gateway")
+    runtime_egress = gateway["spec"]["egress"][0]
+    assert runtime_egress["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "sluice-runtime"
+    assert runtime_egress["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    operator = one(full_objects, "NetworkPolicy", "-operator")
+    assert operator["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
+    runtime = one(full_objects, "NetworkPolicy", "-runtime")
+    assert runtime["spec"]["policyTypes"] == ["Ingress"]
+    assert len(runtime["spec"]["ingress"][0]["from"]) == 3
