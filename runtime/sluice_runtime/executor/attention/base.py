@@ -31,8 +31,10 @@ class AttentionMetadata:
     num_decodes: int
     prefills: list[SequenceSpan]
     slot_mapping: torch.Tensor  # [T] slot per packed token
-    # Decode-only: [num_decodes, max_context] slot of each context position, and its validity mask.
-    decode_slots: torch.Tensor | None = None
+    block_size: int = 16
+    # Decode-only: [num_decodes, max_blocks] block tables (zero-padded) and the validity mask of
+    # each context position, [num_decodes, 1, 1, max_blocks * block_size].
+    decode_block_tables: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None
     # Prefill spans that read cached context: context slots and mask, aligned with `prefills`.
     prefill_context: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None

@@ -22,15 +22,20 @@ class TorchAttentionBackend(AttentionBackend):
         writes = [row[-1:] for row in decode_slot_rows] + [
             row[s.num_cached:] for row, s in zip(prefill_slot_rows, prefills)]
         meta = AttentionMetadata(
-            num_decodes=len(decodes), prefills=prefills,
+            num_decodes=len(decodes), prefills=prefills, block_size=block_size,
             slot_mapping=(torch.cat(writes) if writes else torch.empty(0, dtype=torch.long)).to(device))
         if decodes:
             lengths = torch.tensor([s.context_len for s in decodes])
-            positions = torch.arange(int(lengths.max()))
+            max_blocks = -(-int(lengths.max()) // block_size)
+            tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
+            for row, span in enumerate(decodes):
+                used = -(-span.context_len // block_size)
+                tables[row, :used] = torch.tensor(span.block_table[:used])
+            positions = torch.arange(max_blocks * block_size)
             mask = positions[None, :] < lengths[:, None]
             if sliding_window:
                 mask &= positions[None, :] >= (lengths[:, None] - sliding_window)
-            meta.decode_slots = torch.nn.utils.rnn.pad_sequence(decode_slot_rows, batch_first=True).to(device)
+            meta.decode_block_tables = tables.to(device)
             meta.decode_mask = mask[:, None, None, :].to(device)
         meta.prefill_context = [
             None if span.num_cached == 0 and not sliding_window
@@ -46,8 +51,8 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            keys = k_cache[meta.decode_slots].transpose(1, 2)  # [B, Hk, L, D]
-            values = v_cache[meta.decode_slots].transpose(1, 2)
+            keys = _gather_blocks(k_cache, meta.decode_block_tables, meta.block_size)
+            values = _gather_blocks(v_cache, meta.decode_block_tables, meta.block_size)
             out[:nd] = F.scaled_dot_product_attention(
                 q[:nd].unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True,
             ).squeeze(2)
@@ -64,6 +69,18 @@ class TorchAttentionBackend(AttentionBackend):
                 scale=scale, enable_gqa=True,
             ).squeeze(0).transpose(0, 1)
         return out
+
+
+def _gather_blocks(cache: torch.Tensor, tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[num_slots, Hk, D] cache and [B, max_blocks] tables -> [B, Hk, max_blocks * block_size, D].
+
+    Copying whole blocks (one contiguous run each) is several times faster on the CPU than
+    gathering token slots one by one.
+    """
+    batch, max_blocks = tables.shape
+    heads, dim = cache.shape[1], cache.shape[2]
+    blocks = cache.view(-1, block_size * heads * dim).index_select(0, tables.flatten())
+    return blocks.view(batch, max_blocks * block_size, heads, dim).transpose(1, 2)
 
 
 def _prefill_mask(span: SequenceSpan, sliding_window: int | None) -> torch.Tensor:
