@@ -1,0 +1,105 @@
+"""Server-side dry run of everything the chart renders and every manifest in config/, on the local control
+plane with Sluice's CRDs and the Prometheus Operator's and Argo CD's CRDs installed: the API server's own
+validation (schemas, CRD structural schemas, defaulting) catches a typo in any manifest."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chart.helm_tool import CHART, FULL_VALUES, REPO, Helm
+
+pytestmark = pytest.mark.integration
+
+# Upstream CRDs, pinned, from the Go module proxy (neither project publishes them on PyPI).
+PROMETHEUS_OPERATOR = ("github.com/prometheus-operator/prometheus-operator", "v0.85.0", "example/prometheus-operator-crd",
+                       ("monitoring.coreos.com_servicemonitors.yaml", "monitoring.coreos.com_podmonitors.yaml",
+                        "monitoring.coreos.com_prometheusrules.yaml"))
+ARGO_CD = ("github.com/argoproj/argo-cd/v3", "v3.1.8", "manifests/crds", ("application-crd.yaml",))
+
+
+def _module_files(module: str, version: str, folder: str, names: tuple[str, ...]) -> list[Path]:
+    from e2e.binaries import go_binary
+
+    go = go_binary()
+    assert go, "the Go toolchain builds the local control plane, so it is present wherever kube_cluster runs"
+    with tempfile.TemporaryDirectory() as empty:
+        result = subprocess.run([go, "mod", "download", "-json", f"{module}@{version}"], cwd=empty,
+                                capture_output=True, text=True, timeout=300, env={**os.environ, "GOFLAGS": "-mod=mod"})
+    assert result.returncode == 0, f"go mod download {module}@{version}: {result.stdout}{result.stderr}"
+    root = Path(json.loads(result.stdout)["Dir"]) / folder
+    return [root / name for name in names]
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_cluster):
+    crds = sorted((CHART / "crds").glob("*.yaml")) + _module_files(*PROMETHEUS_OPERATOR) + _module_files(*ARGO_CD)
+    for crd in crds:
+        kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    names = [yaml.safe_load(crd.read_text())["metadata"]["name"] for crd in crds]
+    kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
+    # Namespaces the manifests name themselves; created like any platform would have them.
+    for namespace in ("monitoring", "argocd", "demo"):
+        manifest = kube_cluster.kubectl("create", "namespace", namespace, "--dry-run=client", "-o", "yaml").stdout
+        kube_cluster.kubectl("apply", "-f", "-", input=manifest)
+    return kube_cluster
+
+
+def _dry_run(cluster, manifest: str) -> list[str]:
+    """Every object names its own namespace (helm template and kustomize set it)."""
+    result = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", input=manifest, check=False)
+    assert result.returncode == 0, f"the API server refused:\n{result.stderr}"
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(FULL_VALUES)]], ids=["default", "full"])
+def test_rendered_chart_is_accepted_by_the_api_server(cluster, kube_namespace, values):
+    manifest = Helm(cluster.bin_dir / "helm").template_text(*values, namespace=kube_namespace)
+    expected = len([doc for doc in yaml.safe_load_all(manifest) if doc])
+    applied = _dry_run(cluster, manifest)
+    assert len(applied) == expected and all("(server dry run)" in line for line in applied)
+
+
+def test_a_typo_in_a_manifest_is_refused(cluster, kube_namespace):
+    """The check above can fail: a misspelt field in a CRD-backed object is rejected, not dropped."""
+    manifest = (REPO / "config/samples/inferencemodel-smollm2.yaml").read_text().replace("maxNumSeqs", "maxNumSeq")
+    result = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", kube_namespace, "-f", "-",
+                             input=manifest, check=False)
+    assert result.returncode != 0 and "maxNumSeq" in result.stderr
+
+
+def _config_files() -> list[Path]:
+    return sorted(p for p in (REPO / "config").rglob("*") if p.is_file())
+
+
+def test_every_manifest_in_config_is_accepted(cluster, kube_namespace):
+    from sluice_gateway.config import load_config
+    from sluice_gateway.routing_table import load_routing_table
+
+    checked = []
+    for path in _config_files():
+        if path.suffix == ".json":
+            load_routing_table(path)
+        elif path.suffix in (".yaml", ".yml"):
+            docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+            if all("apiVersion" not in doc for doc in docs):
+                load_config(path)
+            elif docs[0].get("kind") == "Kustomization":
+                built = cluster.kubectl("kustomize", str(path.parent)).stdout
+                _dry_run(cluster, built)
+            else:
+                own = any(doc.get("metadata", {}).get("namespace") for doc in docs)
+                where = [] if own else ["-n", kube_namespace]
+                result = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", *where, "-f", str(path),
+                                         check=False)
+                assert result.returncode == 0, f"{path.relative_to(REPO)}: {result.stderr}"
+        else:
+            pytest.fail(f"{path.relative_to(REPO)}: no check knows this kind of file; add one")
+        checked.append(path.name)
+    assert {"inferencemodel-smollm2.yaml", "argocd-applications.yaml", "kustomization.yaml",
+            "gateway-two-tenants.yaml"} <= set(checked)
