@@ -143,6 +143,9 @@ def test_bad_values_fail_at_install_time(helm, args, message):
 
 def test_network_policies_confine_each_component(full_objects):
     gateway = one(full_objects, "NetworkPolicy", "-gateway")
+    allowed = gateway["spec"]["ingress"][0]["from"]
+    assert allowed[0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ingress-nginx"}
+    assert allowed[1]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     runtime_egress = gateway["spec"]["egress"][0]
     assert runtime_egress["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "sluice-runtime"
     assert runtime_egress["ports"] == [{"port": 8000, "protocol": "TCP"}]
