@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             results, duration = asyncio.run(run_load(args, prompts))
             serve = summarize(results, duration)
             offline = offline_engine.run(prompts) if offline_engine else None
-            rounds.append({"serve": serve, "offline": offline, "requests": [asdict(r) for r in results]})
+            rounds.append({"serve": serve, "offline": offline})
             print_table(args, serve, offline)
     finally:
         if server is not None:

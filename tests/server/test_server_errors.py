@@ -155,3 +155,10 @@ def test_tokenize_and_embedding_errors(runtime_server, runtime_openai):
     assert info.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
         runtime_openai.embeddings.create(model=MODEL, input="hi", dimensions=8)
+
+
+def test_huge_prompt_within_the_body_limit_is_refused_as_too_long(runtime_openai):
+    with pytest.raises(openai.BadRequestError) as info:
+        runtime_openai.completions.create(model=MODEL, prompt="x" * (7 << 20), max_tokens=2)
+    assert info.value.body["code"] == "context_length_exceeded" and info.value.body["param"] == "prompt"
+    assert "8192" in info.value.body["message"]
