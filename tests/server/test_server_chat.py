@@ -66,6 +66,20 @@ def test_n_choices(runtime_openai):
     assert 2 <= response.usage.completion_tokens <= 24
 
 
+def test_streamed_n_choices_finish_once_each_and_match_non_streamed(runtime_openai):
+    # With this seed one choice stops early while the others run to max_tokens.
+    args = dict(n=3, temperature=1.0, seed=1, max_tokens=32, messages=[{"role": "user", "content": "Say hi."}])
+    response = chat(runtime_openai, **args)
+    assert len({c.finish_reason for c in response.choices}) == 2
+    expected = {c.index: c.message.content for c in response.choices}
+    chunks = list(chat(runtime_openai, stream=True, **args))
+    finishes = [choice.index for c in chunks for choice in c.choices if choice.finish_reason]
+    assert sorted(finishes) == [0, 1, 2]
+    streamed = {i: "".join(choice.delta.content or "" for c in chunks for choice in c.choices if choice.index == i)
+                for i in range(3)}
+    assert streamed == expected
+
+
 def test_logprobs_describe_the_sampled_tokens(runtime_openai):
     response = chat(runtime_openai, logprobs=True, top_logprobs=3)
     entries = response.choices[0].logprobs.content

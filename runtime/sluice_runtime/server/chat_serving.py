@@ -100,6 +100,7 @@ class ChatServing:
         parsers = [ToolCallParser(greq.tool_use.tools) if greq.tool_use else None for _ in range(n)]
         last_seen: dict[str, float] = {}
         prompt_tokens = completion_tokens = 0
+        done: set[int] = set()
         try:
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                           "finish_reason": None} for i in range(n)])
@@ -108,6 +109,8 @@ class ChatServing:
                 _, out = item
                 self._runner.account(out, record, last_seen)
                 for c in out.outputs:
+                    if c.index in done:
+                        continue  # with n > 1, a finished choice stays in later outputs of its siblings
                     delta: dict = {}
                     text, calls = c.delta_text, []
                     parser = parsers[c.index]
@@ -127,6 +130,7 @@ class ChatServing:
                     if delta or lp:
                         yield chunk([{"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": None}])
                     if c.finished:
+                        done.add(c.index)
                         failure = self._runner.failure(c.finish_reason)
                         if failure is not None:
                             record.error_code = failure.code

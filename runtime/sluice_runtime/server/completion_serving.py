@@ -90,6 +90,7 @@ class CompletionServing:
             base["usage"] = None
         offsets: dict[int, int] = {}
         last_seen: dict[str, float] = {}
+        done: set[int] = set()
         finished_prompts = 0
         try:
             if greq.echo:
@@ -104,6 +105,8 @@ class CompletionServing:
                 self._runner.account(out, record, last_seen)
                 for c in out.outputs:
                     index = p * n + c.index
+                    if index in done:
+                        continue  # with n > 1, a finished choice stays in later outputs of its siblings
                     lp = None
                     if greq.logprobs is not None and c.delta_logprobs:
                         lp = self._logprobs.completion(c.delta_logprobs, greq.logprobs, offsets.get(index, 0))
@@ -112,6 +115,7 @@ class CompletionServing:
                         yield event({**base, "choices": [{"index": index, "text": c.delta_text, "logprobs": lp,
                                                           "finish_reason": None}]})
                     if c.finished:
+                        done.add(index)
                         failure = self._runner.failure(c.finish_reason)
                         if failure is not None:
                             record.error_code = failure.code
