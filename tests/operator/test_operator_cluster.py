@@ -153,8 +153,9 @@ def setup(kube_cluster, tmp_path_factory):
 @pytest.fixture(scope="module")
 def samples(setup):
     api, operator = setup
-    for path in sorted(SAMPLES.glob("*.yaml")):
-        api.apply(path.read_text())
+    # The CPU samples; the GPU ones could never schedule here and are dry-run by the chart tests.
+    for name in ("inferencemodel-smollm2.yaml", "modelroute-chat.yaml"):
+        api.apply((SAMPLES / name).read_text())
     wait_for(lambda: api.condition("im", "smollm2", "Ready").get("status") == "True", timeout=60,
              what="the sample InferenceModel to be Ready")
     return api

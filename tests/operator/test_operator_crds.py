@@ -66,7 +66,13 @@ def test_defaults_reach_nested_objects():
     assert spec["autoscaling"]["properties"]["targetKVCacheUsage"]["default"] == 0.7
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "config" / "samples").glob("*.yaml")), ids=lambda p: p.name)
+def _custom_resource_samples():
+    """Samples of our own kinds; the folder also holds a kustomization and a gateway config."""
+    paths = sorted((ROOT / "config" / "samples").glob("*.yaml"))
+    return [p for p in paths if str(yaml.safe_load(p.read_text()).get("apiVersion", "")).startswith("sluice.dev/")]
+
+
+@pytest.mark.parametrize("path", _custom_resource_samples(), ids=lambda p: p.name)
 def test_samples_are_valid(path):
     doc = yaml.safe_load(path.read_text())
     SPECS[doc["kind"]].model_validate(doc["spec"])
