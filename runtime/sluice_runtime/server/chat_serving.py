@@ -1,8 +1,6 @@
 """/v1/chat/completions: engine outputs to chat responses and chat.completion.chunk streams."""
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 
 from fastapi.responses import JSONResponse, Response
@@ -10,7 +8,6 @@ from fastapi.responses import JSONResponse, Response
 from sluice_runtime.engine.errors import EngineError
 
 from .disconnect import ClientDisconnected, until_disconnected
-from .errors import internal_error
 from .generation import GenerationRunner, engine_error
 from .logprobs import LogprobFormatter
 from .normalize import GenerationRequest
@@ -19,7 +16,6 @@ from .request_log import RequestRecord
 from .sse import DONE, SSEResponse, error_event, event
 from .tool_calls import ParsedCall, ToolCallParser
 
-log = logging.getLogger("sluice.server")
 
 
 def _tool_calls(calls: list[ParsedCall], first_index: int = 0) -> list[dict]:
@@ -35,7 +31,8 @@ class ChatServing:
     async def respond(self, greq: GenerationRequest, receive, record: RequestRecord) -> Response:
         first, stream = await self._runner.start(greq, receive, record)
         if greq.stream:
-            return SSEResponse(self._events(greq, first, stream, record))
+            return SSEResponse(self._runner.guarded(self._events(greq, first, stream, record), greq.request_id,
+                                                       record, stream))
         try:
             body = await until_disconnected(receive, self._collect(greq, first, stream, record))
         except ClientDisconnected:
@@ -101,67 +98,51 @@ class ChatServing:
         last_seen: dict[str, float] = {}
         prompt_tokens = completion_tokens = 0
         done: set[int] = set()
-        try:
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None} for i in range(n)])
-            item = first
-            while item is not None:
-                _, out = item
-                self._runner.account(out, record, last_seen)
-                for c in out.outputs:
-                    if c.index in done:
-                        continue  # with n > 1, a finished choice stays in later outputs of its siblings
-                    delta: dict = {}
-                    text, calls = c.delta_text, []
-                    parser = parsers[c.index]
-                    if parser is not None:
-                        known = len(parser.calls)
-                        text, calls = parser.feed(text)
-                        if c.finished:
-                            tail, more = parser.finish()
-                            text, calls = text + tail, calls + more
-                        if calls:
-                            delta["tool_calls"] = _tool_calls(calls, known)
-                    if text:
-                        delta["content"] = text
-                    lp = None
-                    if greq.logprobs is not None and c.delta_logprobs:
-                        lp = {"content": self._logprobs.chat(c.delta_logprobs, greq.logprobs)}
-                    if delta or lp:
-                        yield chunk([{"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": None}])
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None} for i in range(n)])
+        item = first
+        while item is not None:
+            _, out = item
+            self._runner.account(out, record, last_seen)
+            for c in out.outputs:
+                if c.index in done:
+                    continue  # with n > 1, a finished choice stays in later outputs of its siblings
+                delta: dict = {}
+                text, calls = c.delta_text, []
+                parser = parsers[c.index]
+                if parser is not None:
+                    known = len(parser.calls)
+                    text, calls = parser.feed(text)
                     if c.finished:
-                        done.add(c.index)
-                        failure = self._runner.failure(c.finish_reason)
-                        if failure is not None:
-                            record.error_code = failure.code
-                            yield error_event(failure)
-                            yield DONE
-                            return
-                        reason = "tool_calls" if parser is not None and parser.calls else c.finish_reason
-                        yield chunk([{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
-                if out.finished:
-                    prompt_tokens = len(out.prompt_token_ids)
-                    completion_tokens = sum(len(c.token_ids) for c in out.outputs)
-                    item = None
-                else:
-                    item = await stream.__anext__()
-            if greq.include_usage:
-                yield event({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                             "completion_tokens": completion_tokens,
-                                                             "total_tokens": prompt_tokens + completion_tokens}})
-            yield DONE
-        except asyncio.CancelledError:
-            self._runner.cancelled(record)
-            raise
-        except (EngineError, ValueError) as exc:
-            err = engine_error(exc)
-            record.error_code = err.code
-            yield error_event(err)
-            yield DONE
-        except Exception:
-            log.exception("stream of request %s failed", greq.request_id)
-            record.error_code = "internal_error"
-            yield error_event(internal_error(greq.request_id))
-            yield DONE
-        finally:
-            await stream.aclose()
+                        tail, more = parser.finish()
+                        text, calls = text + tail, calls + more
+                    if calls:
+                        delta["tool_calls"] = _tool_calls(calls, known)
+                if text:
+                    delta["content"] = text
+                lp = None
+                if greq.logprobs is not None and c.delta_logprobs:
+                    lp = {"content": self._logprobs.chat(c.delta_logprobs, greq.logprobs)}
+                if delta or lp:
+                    yield chunk([{"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": None}])
+                if c.finished:
+                    done.add(c.index)
+                    failure = self._runner.failure(c.finish_reason)
+                    if failure is not None:
+                        record.error_code = failure.code
+                        yield error_event(failure)
+                        yield DONE
+                        return
+                    reason = "tool_calls" if parser is not None and parser.calls else c.finish_reason
+                    yield chunk([{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
+            if out.finished:
+                prompt_tokens = len(out.prompt_token_ids)
+                completion_tokens = sum(len(c.token_ids) for c in out.outputs)
+                item = None
+            else:
+                item = await stream.__anext__()
+        if greq.include_usage:
+            yield event({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                         "completion_tokens": completion_tokens,
+                                                         "total_tokens": prompt_tokens + completion_tokens}})
+        yield DONE

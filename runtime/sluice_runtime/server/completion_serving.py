@@ -1,8 +1,6 @@
 """/v1/completions: engine outputs to text_completion responses and streams (several prompts, echo)."""
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 
 from fastapi.responses import JSONResponse, Response
@@ -10,7 +8,6 @@ from fastapi.responses import JSONResponse, Response
 from sluice_runtime.engine.errors import EngineError
 
 from .disconnect import ClientDisconnected, until_disconnected
-from .errors import internal_error
 from .generation import GenerationRunner, engine_error
 from .logprobs import LogprobFormatter
 from .normalize import GenerationRequest
@@ -18,7 +15,6 @@ from .protocol import CompletionChoice, CompletionLogprobs, CompletionResponse, 
 from .request_log import RequestRecord
 from .sse import DONE, SSEResponse, error_event, event
 
-log = logging.getLogger("sluice.server")
 
 
 class CompletionServing:
@@ -30,7 +26,8 @@ class CompletionServing:
     async def respond(self, greq: GenerationRequest, receive, record: RequestRecord) -> Response:
         first, stream = await self._runner.start(greq, receive, record)
         if greq.stream:
-            return SSEResponse(self._events(greq, first, stream, record))
+            return SSEResponse(self._runner.guarded(self._events(greq, first, stream, record), greq.request_id,
+                                                       record, stream))
         try:
             body = await until_disconnected(receive, self._collect(greq, first, stream, record))
         except ClientDisconnected:
@@ -92,59 +89,43 @@ class CompletionServing:
         last_seen: dict[str, float] = {}
         done: set[int] = set()
         finished_prompts = 0
-        try:
-            if greq.echo:
-                for index in range(len(greq.prompts) * n):
-                    text = self._echo(greq, index // n)
-                    offsets[index] = len(text)
-                    yield event({**base, "choices": [{"index": index, "text": text, "logprobs": None,
+        if greq.echo:
+            for index in range(len(greq.prompts) * n):
+                text = self._echo(greq, index // n)
+                offsets[index] = len(text)
+                yield event({**base, "choices": [{"index": index, "text": text, "logprobs": None,
+                                                  "finish_reason": None}]})
+        item = first
+        while item is not None:
+            p, out = item
+            self._runner.account(out, record, last_seen)
+            for c in out.outputs:
+                index = p * n + c.index
+                if index in done:
+                    continue  # with n > 1, a finished choice stays in later outputs of its siblings
+                lp = None
+                if greq.logprobs is not None and c.delta_logprobs:
+                    lp = self._logprobs.completion(c.delta_logprobs, greq.logprobs, offsets.get(index, 0))
+                offsets[index] = offsets.get(index, 0) + len(c.delta_text)
+                if c.delta_text or lp:
+                    yield event({**base, "choices": [{"index": index, "text": c.delta_text, "logprobs": lp,
                                                       "finish_reason": None}]})
-            item = first
-            while item is not None:
-                p, out = item
-                self._runner.account(out, record, last_seen)
-                for c in out.outputs:
-                    index = p * n + c.index
-                    if index in done:
-                        continue  # with n > 1, a finished choice stays in later outputs of its siblings
-                    lp = None
-                    if greq.logprobs is not None and c.delta_logprobs:
-                        lp = self._logprobs.completion(c.delta_logprobs, greq.logprobs, offsets.get(index, 0))
-                    offsets[index] = offsets.get(index, 0) + len(c.delta_text)
-                    if c.delta_text or lp:
-                        yield event({**base, "choices": [{"index": index, "text": c.delta_text, "logprobs": lp,
-                                                          "finish_reason": None}]})
-                    if c.finished:
-                        done.add(index)
-                        failure = self._runner.failure(c.finish_reason)
-                        if failure is not None:
-                            record.error_code = failure.code
-                            yield error_event(failure)
-                            yield DONE
-                            return
-                        yield event({**base, "choices": [{"index": index, "text": "", "logprobs": None,
-                                                          "finish_reason": c.finish_reason}]})
-                finished_prompts += out.finished
-                item = None if finished_prompts == len(greq.prompts) else await stream.__anext__()
-            if greq.include_usage:
-                prompt_tokens = sum(len(p) for p in greq.prompts)
-                completion_tokens = record.completion_tokens or 0
-                yield event({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                             "completion_tokens": completion_tokens,
-                                                             "total_tokens": prompt_tokens + completion_tokens}})
-            yield DONE
-        except asyncio.CancelledError:
-            self._runner.cancelled(record)
-            raise
-        except (EngineError, ValueError) as exc:
-            err = engine_error(exc)
-            record.error_code = err.code
-            yield error_event(err)
-            yield DONE
-        except Exception:
-            log.exception("stream of request %s failed", greq.request_id)
-            record.error_code = "internal_error"
-            yield error_event(internal_error(greq.request_id))
-            yield DONE
-        finally:
-            await stream.aclose()
+                if c.finished:
+                    done.add(index)
+                    failure = self._runner.failure(c.finish_reason)
+                    if failure is not None:
+                        record.error_code = failure.code
+                        yield error_event(failure)
+                        yield DONE
+                        return
+                    yield event({**base, "choices": [{"index": index, "text": "", "logprobs": None,
+                                                      "finish_reason": c.finish_reason}]})
+            finished_prompts += out.finished
+            item = None if finished_prompts == len(greq.prompts) else await stream.__anext__()
+        if greq.include_usage:
+            prompt_tokens = sum(len(p) for p in greq.prompts)
+            completion_tokens = record.completion_tokens or 0
+            yield event({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                         "completion_tokens": completion_tokens,
+                                                         "total_tokens": prompt_tokens + completion_tokens}})
+        yield DONE

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from typing import AsyncIterator
 
@@ -11,9 +12,12 @@ from sluice_runtime.engine.outputs import RequestOutput
 from sluice_runtime.engine.sampling_params import SamplingParams
 
 from .disconnect import ClientDisconnected, until_disconnected
-from .errors import APIError, invalid_request, overloaded, shutting_down
+from .errors import APIError, internal_error, invalid_request, overloaded, shutting_down
 from .normalize import GenerationRequest
 from .request_log import RequestRecord
+from .sse import DONE, error_event
+
+log = logging.getLogger("sluice.server")
 
 Item = tuple[int, RequestOutput]
 
@@ -52,6 +56,28 @@ class GenerationRunner:
             self._metrics.observe_rejected(err.code or err.type)
             raise err from None
         return first, stream
+
+    async def guarded(self, events: AsyncIterator[str], request_id: str, record: RequestRecord,
+                      stream) -> AsyncIterator[str]:
+        """Ends every stream cleanly: engine errors and our own bugs become an error event, then [DONE]."""
+        try:
+            async for chunk in events:
+                yield chunk
+        except asyncio.CancelledError:
+            self.cancelled(record)
+            raise
+        except (EngineError, ValueError) as exc:
+            err = engine_error(exc)
+            record.error_code = err.code
+            yield error_event(err)
+            yield DONE
+        except Exception:
+            log.exception("stream of request %s failed", request_id)
+            record.error_code = "internal_error"
+            yield error_event(internal_error(request_id))
+            yield DONE
+        finally:
+            await stream.aclose()
 
     def cancelled(self, record: RequestRecord) -> None:
         record.cancelled = True
