@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -47,10 +48,12 @@ class Launcher:
     namespace: str | None = None
     venv_bin: Path = field(default_factory=lambda: Path(sys.executable).parent)
     log_dir: Path = field(default_factory=lambda: cache_dir() / "launcher-logs")
+    volume_dir: Path = field(default_factory=lambda: cache_dir() / "launcher-volumes")
     log: Callable[[str], None] = print
 
     def __post_init__(self):
         self.core = client.CoreV1Api(config.new_client_from_config(config_file=self.kubeconfig))
+        self.cluster = _cluster_entry(Path(self.kubeconfig))
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._runners: dict[str, PodRunner] = {}
         self._started: list[PodRunner] = []
@@ -93,6 +96,17 @@ class Launcher:
             if error.status == 404:
                 return None
             raise
+
+    def issue_token(self, namespace: str, account: str, pod: str, uid: str, audience: str | None, seconds: int) -> str:
+        """A TokenRequest bound to the pod, as the kubelet makes for a projected serviceAccountToken."""
+        spec = {"expirationSeconds": seconds, "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}}
+        if audience:
+            spec["audiences"] = [audience]
+        try:
+            response = self.core.create_namespaced_service_account_token(account, namespace, {"spec": spec})
+        except ApiException as error:
+            raise podspec.ContainerConfigError(f"no token for service account {namespace}/{account}: {error.reason}") from None
+        return response.status.token
 
     def _list(self, **kwargs):
         selector = f"{LAUNCH_LABEL}=true"
@@ -183,6 +197,17 @@ class Launcher:
             )
         except ApiException:
             pass  # the pod is gone, which is what releasing is for
+
+
+def _cluster_entry(kubeconfig: Path) -> dict:
+    """The current context's cluster (server and CA) with file paths made absolute, for the pods' kubeconfigs."""
+    document = yaml.safe_load(kubeconfig.read_text())
+    current = document.get("current-context")
+    context = next(c["context"] for c in document["contexts"] if c["name"] == current)
+    cluster = dict(next(c["cluster"] for c in document["clusters"] if c["name"] == context["cluster"]))
+    if cluster.get("certificate-authority"):
+        cluster["certificate-authority"] = str((kubeconfig.parent / cluster["certificate-authority"]).resolve())
+    return cluster
 
 
 def _holder_gone(holder: str) -> bool:

@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e import podspec
 from e2e.probes import ProbeState
+from e2e.volumes import PodVolumes, service_account_kubeconfig
 
 if TYPE_CHECKING:
     from e2e.launcher import Launcher
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
 MAX_GRACE_SECONDS = 30
 MAX_BACKOFF_SECONDS = 30
 CONFIG_RETRY_SECONDS = 2
+VOLUME_REFRESH_SECONDS = 1.0
+# The kubelet's minimum time between SIGTERM and SIGKILL when a preStop hook used up the grace period.
+MIN_TERM_SECONDS = 2
 
 
 def _now() -> str:
@@ -92,6 +96,12 @@ class PodRunner(threading.Thread):
         self.pod = pod
         self.stopping = threading.Event()
         self.containers = [ContainerRun(spec=c) for c in pod["spec"]["containers"]]
+        self.volumes = PodVolumes(
+            launcher.volume_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}", pod,
+            launcher.read_object, launcher.issue_token,
+        )
+        self._volumes_ready = False
+        self._refreshed_at = 0.0
         self._reported: str | None = None
         self._transitions: dict[str, tuple[str, str]] = {}
 
@@ -101,6 +111,7 @@ class PodRunner(threading.Thread):
 
     def update(self, pod: dict) -> None:
         self.pod = pod
+        self.volumes.pod = pod
 
     def stop(self) -> None:
         self.stopping.set()
@@ -113,6 +124,7 @@ class PodRunner(threading.Thread):
                 return
             while not self.stopping.is_set():
                 self._tick()
+                self._refresh_volumes()
                 self._report()
                 self.stopping.wait(0.2)
         except Exception as error:  # a harness bug must show up in the log, not kill the thread silently
@@ -121,6 +133,17 @@ class PodRunner(threading.Thread):
             for run in self.containers:
                 self._terminate(run)
             self._report(final=True)
+            self.volumes.remove()
+
+    def _refresh_volumes(self) -> None:
+        now = time.monotonic()
+        if not self._volumes_ready or now - self._refreshed_at < VOLUME_REFRESH_SECONDS:
+            return
+        self._refreshed_at = now
+        try:
+            self.volumes.refresh()
+        except ApiException as error:  # the API server being away for a moment: the files stay as they are
+            self.launcher.log(f"launcher: volumes of {self.key[0]}/{self.key[1]} not refreshed: {error.reason}")
 
     def _log_path(self, run: ContainerRun) -> Path:
         namespace, name = self.key
@@ -130,8 +153,16 @@ class PodRunner(threading.Thread):
         now = time.monotonic()
         try:
             # Resolved at every start, as the kubelet does: a ConfigMap created late is picked up on retry.
+            if not self._volumes_ready:
+                self.volumes.setup()
+                self._volumes_ready = True
+            mounts = self.volumes.mounts(run.spec)
+            kubeconfig = service_account_kubeconfig(
+                mounts, self.launcher.cluster, self.key[0], self.volumes.root / f"kubeconfig-{run.spec['name']}"
+            )
             run.process = podspec.process_spec(
-                self.pod, run.spec, self.launcher.read_object, self.launcher.venv_bin, dict(os.environ)
+                self.pod, run.spec, self.launcher.read_object, self.launcher.venv_bin, dict(os.environ),
+                mounts=mounts, kubeconfig=kubeconfig,
             )
             run.readiness = ProbeState.start(run.spec.get("readinessProbe"), run.spec, now)
             run.liveness = ProbeState.start(run.spec.get("livenessProbe"), run.spec, now)
@@ -147,7 +178,7 @@ class PodRunner(threading.Thread):
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-        except (ValueError, OSError) as error:  # ContainerConfigError included
+        except (ValueError, OSError, ApiException) as error:  # ContainerConfigError included
             if run.config_error != str(error):
                 self._event("Warning", "Failed", f"container {run.spec['name']}: {error}")
             run.config_error = str(error)
@@ -226,13 +257,27 @@ class PodRunner(threading.Thread):
             if error.status != 404:  # the namespace going away is no news
                 self.launcher.log(f"launcher: event for {meta['namespace']}/{meta['name']} not recorded: {error.reason}")
 
+    def _pre_stop(self, run: ContainerRun, grace: float) -> None:
+        """The container's preStop hook (sleep or exec), within the grace period, as the kubelet runs it."""
+        hook = (run.spec.get("lifecycle") or {}).get("preStop") or {}
+        if "sleep" in hook:
+            time.sleep(min(hook["sleep"]["seconds"], grace))
+        elif "exec" in hook:
+            try:
+                subprocess.run(hook["exec"]["command"], env=run.process.env, cwd=run.process.cwd,
+                               capture_output=True, timeout=grace)
+            except (OSError, subprocess.TimeoutExpired) as error:
+                self._event("Warning", "FailedPreStopHook", f"container {run.spec['name']}: {error}")
+
     def _terminate(self, run: ContainerRun) -> None:
         if not run.running:
             return
         grace = min(self.pod["spec"].get("terminationGracePeriodSeconds", 30), MAX_GRACE_SECONDS)
+        deadline = time.monotonic() + grace
+        self._pre_stop(run, grace)
         try:
             os.killpg(run.popen.pid, signal.SIGTERM)
-            run.popen.wait(timeout=grace)
+            run.popen.wait(timeout=max(deadline - time.monotonic(), MIN_TERM_SECONDS))
         except subprocess.TimeoutExpired:
             os.killpg(run.popen.pid, signal.SIGKILL)
             run.popen.wait()

@@ -22,6 +22,25 @@ class ContainerConfigError(ValueError):
     """The container cannot be started as specified; surfaces as CreateContainerConfigError on the pod."""
 
 
+@dataclass(frozen=True)
+class Mount:
+    """A container's volume mount and the local directory standing in for its mount path."""
+
+    path: str
+    local: Path
+
+
+def remap(text: str, mounts: list[Mount]) -> str:
+    """Mount paths at the start of `text` or after `=` or `:` in it become their local directories.
+
+    One pass, longest path first, so a replacement is never itself taken for a mount path."""
+    if not mounts:
+        return text
+    local = {mount.path: str(mount.local) for mount in mounts}
+    paths = "|".join(re.escape(path) for path in sorted(local, key=len, reverse=True))
+    return re.sub(rf"(^|[=:])({paths})(?=$|[/:])", lambda match: match.group(1) + local[match.group(2)], text)
+
+
 @dataclass
 class ProcessSpec:
     container: str
@@ -44,7 +63,7 @@ def expand(text: str, variables: dict[str, str]) -> str:
     return _REFERENCE.sub(substitute, text)
 
 
-def _field_value(pod: dict, path: str) -> str:
+def field_value(pod: dict, path: str) -> str:
     metadata, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status", {})
     simple = {
         "metadata.name": metadata.get("name"),
@@ -94,7 +113,7 @@ def container_env(pod: dict, container: dict, read: ObjectReader) -> dict[str, s
         if source is None:
             env[item["name"]] = expand(item.get("value", ""), env)
         elif "fieldRef" in source:
-            env[item["name"]] = _field_value(pod, source["fieldRef"]["fieldPath"])
+            env[item["name"]] = field_value(pod, source["fieldRef"]["fieldPath"])
         elif "configMapKeyRef" in source or "secretKeyRef" in source:
             kind = "ConfigMap" if "configMapKeyRef" in source else "Secret"
             value = _key_ref(source.get("configMapKeyRef") or source["secretKeyRef"], kind, namespace, read)
@@ -118,7 +137,11 @@ def resolve_executable(name: str, cwd: str, venv_bin: Path, path: str) -> str:
     return resolved
 
 
-def process_spec(pod: dict, container: dict, read: ObjectReader, venv_bin: Path, base_env: dict[str, str]) -> ProcessSpec:
+def process_spec(
+    pod: dict, container: dict, read: ObjectReader, venv_bin: Path, base_env: dict[str, str],
+    mounts: list[Mount] = (), kubeconfig: str | None = None,
+) -> ProcessSpec:
+    """`kubeconfig`: the pod's service-account credentials, where its spec mounts them."""
     command = list(container.get("command") or [])
     if not command:
         raise ContainerConfigError(
@@ -126,11 +149,15 @@ def process_spec(pod: dict, container: dict, read: ObjectReader, venv_bin: Path,
         )
     defined = container_env(pod, container, read)
     env = dict(base_env)
+    # The launcher's own credentials are the cluster admin's: a pod gets only its service account's.
+    env.pop("KUBECONFIG", None)
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = kubeconfig
     env["PATH"] = f"{venv_bin}{os.pathsep}{base_env.get('PATH', '')}"
     env["HOSTNAME"] = pod["metadata"]["name"]
-    env.update(defined)
-    argv = [expand(part, defined) for part in command + list(container.get("args") or [])]
-    cwd = container.get("workingDir") or os.getcwd()
+    env.update({name: remap(value, mounts) for name, value in defined.items()})
+    argv = [remap(expand(part, defined), mounts) for part in command + list(container.get("args") or [])]
+    cwd = remap(container.get("workingDir") or "", mounts) or os.getcwd()
     argv[0] = resolve_executable(argv[0], cwd, venv_bin, env["PATH"])
     return ProcessSpec(container=container["name"], argv=argv, env=env, cwd=cwd)
 

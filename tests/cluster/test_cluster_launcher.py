@@ -230,3 +230,38 @@ def test_a_pod_claimed_by_a_dead_launcher_is_taken_over_and_a_live_claim_is_resp
     assert pod("orphan")["metadata"]["annotations"][CLAIM_ANNOTATION] == launcher.identity
     assert pod("taken")["metadata"]["annotations"][CLAIM_ANNOTATION] == claims["taken"]
     assert not _ready(pod("taken"))
+
+
+def test_volumes_follow_their_config_map_and_the_process_has_its_service_account_only(kube_cluster, kube_namespace, launcher):
+    kube_cluster.kubectl("create", "configmap", "table", "-n", kube_namespace, "--from-literal=table.json=one")
+    server = str(Path(__file__).with_name("volume_http_server.py"))
+    container = _container(
+        "server", ["python"], [server, "$(POD_IP)", str(PORT), "/etc/table/table.json"],
+        volumeMounts=[{"name": "table", "mountPath": "/etc/table", "readOnly": True}],
+        lifecycle={"preStop": {"sleep": {"seconds": 2}}},
+    )
+    pod = yaml.safe_load(_bare_pod("mounted", container))
+    pod["spec"]["volumes"] = [{"name": "table", "configMap": {"name": "table"}}]
+    pod["spec"]["terminationGracePeriodSeconds"] = 10
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=yaml.safe_dump(pod))
+    kube_cluster.kubectl("wait", "-n", kube_namespace, "--for=condition=Ready", "pod/mounted", "--timeout=60s")
+    ip = _pods(kube_cluster, kube_namespace, "sluice.dev/launch=true")[0]["status"]["podIP"]
+
+    served = _wait_for(lambda: _get(f"http://{ip}:{PORT}/file"), what="the mounted file")
+    assert served["content"] == "one" and not served["path"].startswith("/etc/table")
+    # The ServiceAccount admission plugin mounted the default account's token; that is who the process is.
+    assert _get(f"http://{ip}:{PORT}/whoami") == {"user": f"system:serviceaccount:{kube_namespace}:default"}
+
+    patch = json.dumps({"data": {"table.json": "two"}})
+    kube_cluster.kubectl("patch", "configmap", "table", "-n", kube_namespace, "--type=merge", "-p", patch)
+    _wait_for(lambda: (_get(f"http://{ip}:{PORT}/file") or {}).get("content") == "two", timeout=10,
+              what="the new ConfigMap contents in the volume")
+
+    # preStop runs before SIGTERM: the process still serves for the hook's 2 seconds after the deletion.
+    started = time.monotonic()
+    kube_cluster.kubectl("delete", "pod", "mounted", "-n", kube_namespace, "--wait=false")
+    time.sleep(1)
+    assert _get(f"http://{ip}:{PORT}/file") is not None, "SIGTERM came before the preStop sleep ended"
+    _wait_for(lambda: _get(f"http://{ip}:{PORT}/file") is None, timeout=15, what="the process to stop")
+    assert time.monotonic() - started >= 2
+    assert not any(Path(launcher.volume_dir).glob(f"{kube_namespace}_mounted_*")), "the pod's volumes are removed"
