@@ -3,6 +3,10 @@
 Polling the file's identity (works for a ConfigMap volume too, whose kubelet swaps a symlink) avoids
 an inotify dependency; swapping the table is one reference assignment, so in-flight requests keep the
 table they started with and none is dropped.
+
+A missing file is an empty table, not an error: in the cluster the table is an optional ConfigMap volume
+that the operator creates with the first InferenceModel of the namespace and deletes with the last one,
+so the gateway starts before any model exists and stops routing to models that are gone.
 """
 from __future__ import annotations
 
@@ -37,13 +41,20 @@ class RoutesReloader:
     def load_now(self) -> RoutingTable:
         """The first load: an invalid table here stops the gateway with the reason."""
         self._seen = self._identity()
+        if self._seen is None:
+            log.warning("routing table %s does not exist (yet): every model answers 404 until it does", self._path)
+            return RoutingTable()
         return load_routing_table(self._path)
 
     def check(self) -> None:
         identity = self._identity()
-        if identity is None or identity == self._seen:
+        if identity == self._seen:
             return
         self._seen = identity
+        if identity is None:
+            log.warning("routing table %s is gone: every model answers 404 until it is back", self._path)
+            self._apply(RoutingTable())
+            return
         try:
             table = load_routing_table(self._path)
         except RoutingTableError as exc:
