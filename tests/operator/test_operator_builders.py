@@ -134,3 +134,9 @@ def test_pod_labels_and_annotations_cannot_break_the_selector():
     template = build_deployment(OWNER, spec)["spec"]["template"]["metadata"]
     assert template["labels"]["team"] == "search" and template["labels"]["sluice.dev/inference-model"] == "smollm2"
     assert template["annotations"]["sidecar.istio.io/inject"] == "false"
+
+
+@pytest.mark.parametrize("cpu, threads", [("2", 2), ("500m", 1), ("2500m", 2), ("1.5", 1), ("8", 8)])
+def test_torch_threads_follow_the_cpu_limit_not_the_node(cpu, threads):
+    env = _container(build_deployment(OWNER, _spec(resources={"cpu": cpu})))["env"]
+    assert {"name": "OMP_NUM_THREADS", "value": str(threads)} in env

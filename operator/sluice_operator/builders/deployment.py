@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from ..crd import RUNTIME_PORT, InferenceModelSpec
@@ -29,6 +30,17 @@ def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str,
     }
 
 
+_CPU_UNITS = {"m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+              "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+
+
+def cpu_threads(cpu: str) -> int:
+    """Intra-op threads for the runtime: torch sizes its pool by the node's cores, not the pod's CPU limit, so
+    a 2-CPU pod on a 64-core node would run 64 threads and spend its quota being throttled."""
+    number = re.match(r"^[0-9.]+", cpu).group(0)
+    return max(1, math.floor(float(number) * _CPU_UNITS[cpu[len(number):]]))
+
+
 def _resources(spec: InferenceModelSpec) -> dict[str, Any]:
     amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
     limits = dict(amounts)
@@ -49,6 +61,7 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu))},
         *mount.env,
     ]
     container = {
