@@ -44,7 +44,7 @@ def cluster(kube_cluster):
     names = [yaml.safe_load(crd.read_text())["metadata"]["name"] for crd in crds]
     kube_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
     # Namespaces the manifests name themselves; created like any platform would have them.
-    for namespace in ("monitoring", "argocd", "demo"):
+    for namespace in ("monitoring", "argocd", "demo", "team-a"):
         manifest = kube_cluster.kubectl("create", "namespace", namespace, "--dry-run=client", "-o", "yaml").stdout
         kube_cluster.kubectl("apply", "-f", "-", input=manifest)
     return kube_cluster

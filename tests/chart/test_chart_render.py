@@ -34,7 +34,7 @@ def test_lint_is_clean(helm, values):
 
 def test_default_install_runs_operator_and_gateway_only(default_objects):
     kinds = sorted({obj["kind"] for obj in default_objects})
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
+    assert kinds == ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
                      "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"]
     assert {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")} == {
         "sluice-operator", "sluice-gateway"}
@@ -167,3 +167,13 @@ def test_extra_pod_labels_args_and_env_reach_both_pods(helm, full_objects, defau
         # Ours win: an extra label cannot detach the pods from their Deployment's selector.
         deployment = one(clash, "Deployment", suffix)
         assert deployment["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_peering_object_belongs_to_the_release(helm, default_objects, full_objects):
+    """The operator would create it too, but then nothing would delete it on `helm uninstall`."""
+    (cluster_wide,) = by_kind(default_objects, "ClusterKopfPeering")
+    assert cluster_wide["metadata"]["name"] == "sluice-operator"
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(full_objects, "KopfPeering")) == ["demo", "team-a"]
+    assert not by_kind(full_objects, "ClusterKopfPeering")
+    standalone = helm.template("--set", "operator.leaderElection.enabled=false")
+    assert not by_kind(standalone, "ClusterKopfPeering") and not by_kind(standalone, "KopfPeering")
