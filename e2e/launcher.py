@@ -144,10 +144,9 @@ class Launcher:
         ended = kind == "DELETED" or bool(pod["metadata"].get("deletionTimestamp"))
         runner = self._runners.get(uid)
         if runner is not None:
+            runner.update(pod)  # a deleted pod's last state carries its grace period
             if ended:
                 self._runners.pop(uid).stop()
-            else:
-                runner.update(pod)
             return
         finished = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
         if ended or finished or not self._on_kwok_node(pod) or not self._claim(pod):

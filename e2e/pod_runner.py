@@ -272,7 +272,11 @@ class PodRunner(threading.Thread):
     def _terminate(self, run: ContainerRun) -> None:
         if not run.running:
             return
-        grace = min(self.pod["spec"].get("terminationGracePeriodSeconds", 30), MAX_GRACE_SECONDS)
+        # The deletion's own grace period wins (`kubectl delete --grace-period`, 0 with --force), as in the kubelet.
+        grace = self.pod["metadata"].get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = self.pod["spec"].get("terminationGracePeriodSeconds", 30)
+        grace = min(grace, MAX_GRACE_SECONDS)
         deadline = time.monotonic() + grace
         self._pre_stop(run, grace)
         try:
