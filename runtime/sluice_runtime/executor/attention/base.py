@@ -32,16 +32,22 @@ class AttentionMetadata:
     prefills: list[SequenceSpan]
     slot_mapping: torch.Tensor  # [T] slot per packed token
     block_size: int = 16
-    # Decode-only: [num_decodes, max_blocks] block tables (zero-padded) and the validity mask of
-    # each context position, [num_decodes, 1, 1, max_blocks * block_size].
+    sliding_window: int | None = None
+    # Decode-only, int32: [num_decodes, max_blocks] block tables (zero-padded) and [num_decodes]
+    # context lengths (tokens in the cache, including this step's).
     decode_block_tables: torch.Tensor | None = None
-    decode_mask: torch.Tensor | None = None
+    decode_context_lens: torch.Tensor | None = None
     # Prefill spans that read cached context: context slots and mask, aligned with `prefills`.
     prefill_context: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
 
 class AttentionBackend(ABC):
     name: str = "abstract"
+    # KV-cache block sizes must be a multiple of this (flash-attn's paged KV reads 256-token pages).
+    block_size_multiple: int = 1
+    # Decode steps can be captured in a CUDA graph: fixed shapes, no host synchronization, and
+    # padding rows (slot -1, context length 0) that write and read nothing.
+    supports_cuda_graphs: bool = False
 
     @abstractmethod
     def build_metadata(self, decodes: list[SequenceSpan], prefills: list[SequenceSpan], block_size: int,

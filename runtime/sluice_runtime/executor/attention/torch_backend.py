@@ -1,9 +1,14 @@
-"""Reference attention in plain torch; the CPU path and the yardstick for GPU kernels."""
+"""Attention in plain torch: the CPU path and the yardstick for GPU kernels.
+
+Decode on the CPU reads the paged cache in place with the native kernel (native_cpu.py) when it
+could be built; the gather-then-SDPA path below is its fallback and its reference in the tests.
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from . import native_cpu
 from .base import AttentionBackend, AttentionMetadata, SequenceSpan
 
 
@@ -16,27 +21,25 @@ def context_slots(span: SequenceSpan, block_size: int) -> torch.Tensor:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self, native_decode: bool = True):
+        self.native_decode = native_decode
+
     def build_metadata(self, decodes, prefills, block_size, device, sliding_window):
-        decode_slot_rows = [context_slots(s, block_size) for s in decodes]
         prefill_slot_rows = [context_slots(s, block_size) for s in prefills]
-        writes = [row[-1:] for row in decode_slot_rows] + [
+        decode_writes = [s.block_table[(s.context_len - 1) // block_size] * block_size
+                         + (s.context_len - 1) % block_size for s in decodes]
+        writes = [torch.tensor(decode_writes, dtype=torch.long)] + [
             row[s.num_cached:] for row, s in zip(prefill_slot_rows, prefills)]
         meta = AttentionMetadata(
             num_decodes=len(decodes), prefills=prefills, block_size=block_size,
-            slot_mapping=(torch.cat(writes) if writes else torch.empty(0, dtype=torch.long)).to(device))
+            slot_mapping=torch.cat(writes).to(device), sliding_window=sliding_window)
         if decodes:
-            lengths = torch.tensor([s.context_len for s in decodes])
-            max_blocks = -(-int(lengths.max()) // block_size)
-            tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
-            for row, span in enumerate(decodes):
-                used = -(-span.context_len // block_size)
-                tables[row, :used] = torch.tensor(span.block_table[:used])
-            positions = torch.arange(max_blocks * block_size)
-            mask = positions[None, :] < lengths[:, None]
-            if sliding_window:
-                mask &= positions[None, :] >= (lengths[:, None] - sliding_window)
-            meta.decode_block_tables = tables.to(device)
-            meta.decode_mask = mask[:, None, None, :].to(device)
+            max_blocks = max(-(-s.context_len // block_size) for s in decodes)
+            meta.decode_block_tables = torch.tensor(
+                [s.block_table[:max_blocks] + [0] * (max_blocks - len(s.block_table)) for s in decodes],
+                dtype=torch.int32, device=device)
+            meta.decode_context_lens = torch.tensor([s.context_len for s in decodes], dtype=torch.int32,
+                                                    device=device)
         meta.prefill_context = [
             None if span.num_cached == 0 and not sliding_window
             else (row.to(device), _prefill_mask(span, sliding_window).to(device))
@@ -51,11 +54,10 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
-            keys = _gather_blocks(k_cache, meta.decode_block_tables, meta.block_size)
-            values = _gather_blocks(v_cache, meta.decode_block_tables, meta.block_size)
-            out[:nd] = F.scaled_dot_product_attention(
-                q[:nd].unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True,
-            ).squeeze(2)
+            native = self.native_decode and native_cpu.supports(q.dtype, q.device, q.shape[-1])
+            decode = native_cpu.paged_decode if native else gathered_decode
+            out[:nd] = decode(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+                              meta.block_size, meta.sliding_window, scale)
         for span, context in zip(meta.prefills, meta.prefill_context or [None] * len(meta.prefills)):
             rows = slice(span.start, span.start + span.query_len)
             if context is None:
@@ -71,6 +73,22 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
 
+def gathered_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor, block_size: int, sliding_window: int | None,
+                    scale: float) -> torch.Tensor:
+    """Decode attention by copying each sequence's blocks out, padded to the longest, then SDPA."""
+    keys = _gather_blocks(k_cache, block_tables, block_size)
+    values = _gather_blocks(v_cache, block_tables, block_size)
+    positions = torch.arange(keys.shape[2], device=q.device)
+    lengths = context_lens.to(torch.long)[:, None]
+    mask = positions[None, :] < lengths
+    if sliding_window:
+        mask &= positions[None, :] >= lengths - sliding_window
+    return F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True,
+    ).squeeze(2)
+
+
 def _gather_blocks(cache: torch.Tensor, tables: torch.Tensor, block_size: int) -> torch.Tensor:
     """[num_slots, Hk, D] cache and [B, max_blocks] tables -> [B, Hk, max_blocks * block_size, D].
 
@@ -79,7 +97,7 @@ def _gather_blocks(cache: torch.Tensor, tables: torch.Tensor, block_size: int) -
     """
     batch, max_blocks = tables.shape
     heads, dim = cache.shape[1], cache.shape[2]
-    blocks = cache.view(-1, block_size * heads * dim).index_select(0, tables.flatten())
+    blocks = cache.view(-1, block_size * heads * dim).index_select(0, tables.flatten().to(torch.long))
     return blocks.view(batch, max_blocks * block_size, heads, dim).transpose(1, 2)
 
 
