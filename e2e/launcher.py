@@ -125,7 +125,7 @@ class Launcher:
                     for pod in listing["items"]:
                         self._handle("MODIFIED", pod)
                     for uid in set(self._runners) - {pod["metadata"]["uid"] for pod in listing["items"]}:
-                        self._runners.pop(uid).stop()
+                        self._runners.pop(uid).stop(deleted=True)
                 method, kwargs = self._list(resource_version=listing["metadata"]["resourceVersion"], timeout_seconds=WATCH_SECONDS)
                 for event in watch.Watch().stream(method, **kwargs):
                     if event["type"] == "ERROR":
@@ -146,7 +146,7 @@ class Launcher:
         if runner is not None:
             runner.update(pod)  # a deleted pod's last state carries its grace period
             if ended:
-                self._runners.pop(uid).stop()
+                self._runners.pop(uid).stop(deleted=True)
             return
         finished = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
         if ended or finished or not self._on_kwok_node(pod) or not self._claim(pod):

@@ -95,6 +95,7 @@ class PodRunner(threading.Thread):
         self.launcher = launcher
         self.pod = pod
         self.stopping = threading.Event()
+        self.deleted = False
         self.containers = [ContainerRun(spec=c) for c in pod["spec"]["containers"]]
         self.volumes = PodVolumes(
             launcher.volume_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}", pod,
@@ -113,7 +114,9 @@ class PodRunner(threading.Thread):
         self.pod = pod
         self.volumes.pod = pod
 
-    def stop(self) -> None:
+    def stop(self, deleted: bool = False) -> None:
+        """`deleted`: the pod is going away, so its object is removed once the processes have exited."""
+        self.deleted = self.deleted or deleted
         self.stopping.set()
 
     def run(self) -> None:
@@ -134,6 +137,20 @@ class PodRunner(threading.Thread):
                 self._terminate(run)
             self._report(final=True)
             self.volumes.remove()
+            if self.deleted:
+                self._remove_object()
+
+    def _remove_object(self) -> None:
+        """The kubelet's last word on a deleted pod: with its containers stopped, the object may go."""
+        namespace, name = self.key
+        try:
+            self.launcher.core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=0,
+                body={"preconditions": {"uid": self.pod["metadata"]["uid"]}, "gracePeriodSeconds": 0},
+            )
+        except ApiException as error:
+            if error.status not in (404, 409):  # gone already, or a new pod of the same name
+                self.launcher.log(f"launcher: deleted pod {namespace}/{name} not removed: {error.reason}")
 
     def _refresh_volumes(self) -> None:
         now = time.monotonic()

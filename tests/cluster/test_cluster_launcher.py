@@ -257,11 +257,25 @@ def test_volumes_follow_their_config_map_and_the_process_has_its_service_account
     _wait_for(lambda: (_get(f"http://{ip}:{PORT}/file") or {}).get("content") == "two", timeout=10,
               what="the new ConfigMap contents in the volume")
 
-    # preStop runs before SIGTERM: the process still serves for the hook's 2 seconds after the deletion.
+    # preStop runs before SIGTERM: the process still serves for the hook's 2 seconds after the deletion, and
+    # the pod object (its IP, its token) stays until the process has exited.
     started = time.monotonic()
     kube_cluster.kubectl("delete", "pod", "mounted", "-n", kube_namespace, "--wait=false")
     time.sleep(1)
     assert _get(f"http://{ip}:{PORT}/file") is not None, "SIGTERM came before the preStop sleep ended"
+    assert _get(f"http://{ip}:{PORT}/whoami") == {"user": f"system:serviceaccount:{kube_namespace}:default"}
     _wait_for(lambda: _get(f"http://{ip}:{PORT}/file") is None, timeout=15, what="the process to stop")
     assert time.monotonic() - started >= 2
+    kube_cluster.kubectl("wait", "-n", kube_namespace, "--for=delete", "pod/mounted", "--timeout=10s")
     assert not any(Path(launcher.volume_dir).glob(f"{kube_namespace}_mounted_*")), "the pod's volumes are removed"
+
+
+def test_a_deleted_pod_no_launcher_runs_goes_when_its_grace_period_ends(kube_cluster, kube_namespace):
+    pod = yaml.safe_load(_bare_pod("orphan", _container("main", ["python"], ["-c", "pass"])))
+    pod["spec"]["terminationGracePeriodSeconds"] = 3
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=yaml.safe_dump(pod))
+    _wait_for(lambda: _pods(kube_cluster, kube_namespace, "sluice.dev/launch=true"), what="the pod")
+    started = time.monotonic()
+    kube_cluster.kubectl("delete", "pod", "orphan", "-n", kube_namespace, "--wait=false")
+    kube_cluster.kubectl("wait", "-n", kube_namespace, "--for=delete", "pod/orphan", "--timeout=30s")
+    assert time.monotonic() - started >= 2, "kwok removed a launched pod before its grace period was over"
