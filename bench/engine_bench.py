@@ -1,7 +1,7 @@
 """Engine throughput on this CPU versus transformers, all measured in one run.
 
 64 requests, prompt lengths uniform in [32, 512], 128 output tokens each (ignore_eos), SmolLM2
-float32. Rows: Sluice's engine at concurrency 1, 8, 32, 64 (a client keeps that many requests in
+in bfloat16 (--dtype). Rows: Sluice's engine at concurrency 1, 8, 32, 64 (a client keeps that many requests in
 flight); transformers `generate` one request at a time; transformers' continuous batching
 (`generate_batch`). Sequential rows run a prefix of the requests to stay bounded; tokens/s is
 comparable across rows. Writes bench/results/engine.json and engine.png.
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--min-prompt", type=int, default=32)
     parser.add_argument("--max-prompt", type=int, default=512)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="bfloat16", help="weights and KV cache, for every row alike")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
