@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 EXTRAS ?= engine,gateway,operator,demo,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install run test test-unit crds chart-check bench-engine bench-serve bench-gateway cluster-build cluster-up cluster-down clean
+.PHONY: install run test test-unit e2e crds chart-check bench-engine bench-serve bench-gateway cluster-build cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: install
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests -m "not integration"
+
+# The whole stack on the local control plane (builds it on first use): helm install, the samples, the OpenAI
+# client through the gateway, canary, autoscaling, a crash, a rollout, uninstall; prints a timing table.
+# `make test` runs it too.
+e2e: install
+	$(PY) -m pytest -q -ra tests/e2e
 
 bench-engine: install
 	$(PY) bench/engine_bench.py

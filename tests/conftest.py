@@ -12,4 +12,5 @@ pytest_plugins = [
     "fixtures.model",
     "fixtures.redis",
     "fixtures.runtime_server",
+    "fixtures.sluice_stack",
 ]

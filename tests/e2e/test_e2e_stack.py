@@ -1,0 +1,365 @@
+"""The whole stack as a platform team installs it and an application uses it, on the local control plane.
+
+helm installs the chart; the launcher runs every pod of the release namespace as a local process (the
+operator with its own service account's token, the gateway bound to its pod IP, the runtime pods the
+operator creates), so every byte of traffic is real. The scenarios run in order, each on the state the
+previous one left (tests/e2e/conftest.py); numbers are in the timing table at the end of the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import openai
+import pytest
+import yaml
+
+from fixtures.sluice_stack import ADMIN_KEY, NAMESPACE, RELEASE, REPO, ROUTING_TABLE, ready, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHART = REPO / "charts" / "sluice"
+VALUES = REPO / "tests" / "e2e" / "values-local.yaml"
+OVERLAY = REPO / "tests" / "e2e" / "overlay"
+CANARY_ROUTE = REPO / "config" / "samples" / "modelroute-canary.yaml"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                       "additionalProperties": False},
+    },
+}
+LONG_STREAM = "Count from 1 to 300, one number per line. ({n})"
+
+
+@pytest.fixture(scope="module")
+def stack(sluice_stack):
+    return sluice_stack
+
+
+def _samples(stack) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(stack.cluster.kubectl("kustomize", str(OVERLAY)).stdout) if doc]
+
+
+def _im_columns(stack) -> dict[str, dict[str, str]]:
+    header, *rows = stack.kubectl("get", "im").stdout.splitlines()
+    names = header.split()
+    return {row.split()[0]: dict(zip(names, row.split())) for row in rows}
+
+
+def _spec_replicas(stack, name: str) -> int:
+    return stack.get("im", name)["spec"]["replicas"]
+
+
+def _failures(results) -> list[str]:
+    return [f"{r.request_id}: {r.error}" for r in results if not r.ok]
+
+
+def test_1_helm_install(stack, record_property):
+    started = time.monotonic()
+    stack.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace", "-f", str(VALUES),
+               "--wait", "--timeout", "3m")
+    record_property("install_s", round(time.monotonic() - started, 1))
+
+    for crd in ("inferencemodels.sluice.dev", "modelroutes.sluice.dev"):
+        stack.cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
+    assert stack.get("secret", f"{RELEASE}-gateway") is not None, "the tenant Secret"
+    (operator,) = stack.pods("app.kubernetes.io/component=operator")
+    gateway = stack.gateway_pod()
+    assert ready(operator) and ready(gateway)
+
+    # The operator acts as its service account, not as the launcher's admin.
+    (pid,) = wait_for(lambda: stack.processes(operator["metadata"]["name"]), what="the operator's process")
+    kubeconfig = json.loads(open(stack.process_environ(pid)["KUBECONFIG"]).read())
+    assert "tokenFile" in kubeconfig["users"][0]["user"]
+    assert stack.get("kopfpeering", "sluice-operator") is not None, "the release's peering object"
+
+    # The gateway answers before any model exists: no routing table yet, so no models.
+    assert stack.gateway_get("/ready")["routes"] == 0
+    assert stack.client().models.list().data == []
+
+
+def test_2_samples_become_ready(stack, record_property):
+    started = time.monotonic()
+    stack.kubectl("apply", "-k", str(OVERLAY))
+    stack.kubectl("wait", "--for=condition=Ready", "im/smollm2", "--timeout=240s", timeout=260)
+    record_property("model_ready_s", round(time.monotonic() - started, 1))
+    stack.kubectl("wait", "--for=condition=Ready", "mr/chat", "--timeout=60s")
+
+    columns = wait_for(lambda: (row := _im_columns(stack).get("smollm2")) and row.get("ENDPOINTS") == "1" and row,
+                       timeout=30, what="kubectl get im to show the endpoint")
+    assert (columns["MODEL"], columns["REPLICAS"], columns["READY"], columns["STATUS"]) == (
+        "smollm2", "1", "1", "Serving")
+    assert "Routable" in stack.kubectl("get", "mr", "chat").stdout
+    # Ready means the pod serves; the gateway learns its address a moment later, from the routing table.
+    (pod,) = stack.model_pods("smollm2")
+    wait_for(lambda: stack.gateway_endpoints("chat") == {"smollm2": [f"http://{pod['status']['podIP']}:8000"]},
+             timeout=20, what="the gateway to load the endpoint")
+    record_property("routable_s", round(time.monotonic() - started, 1))
+    assert {"chat", "smollm2"} <= {m.id for m in stack.client().models.list().data}
+
+
+def test_3_openai_client_through_the_gateway(stack):
+    client = stack.client()
+    completion = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "Say hello."}], max_tokens=12)
+    assert completion.choices[0].message.content and completion.usage.completion_tokens > 0
+
+    chunks = list(client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12, stream=True,
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    assert text and usage is not None and usage.completion_tokens > 0 and usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+    called = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=64,
+        temperature=0, tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = called.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments).keys() == {"city"}
+    assert called.choices[0].finish_reason == "tool_calls"
+
+    with pytest.raises(openai.AuthenticationError) as refused:
+        stack.client(key="sk-not-a-key").chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+    assert refused.value.status_code == 401
+
+
+def _canary_route(smollm2: int, canary: int) -> str:
+    route = yaml.safe_load(CANARY_ROUTE.read_text())
+    route["spec"]["backends"] = [{"inferenceModel": "smollm2", "weight": smollm2},
+                                 {"inferenceModel": "smollm2-canary", "weight": canary}]
+    return yaml.safe_dump(route)
+
+
+def _share(results, backend: str) -> float:
+    return sum(r.backend == backend for r in results) / len(results)
+
+
+def test_4_canary_split_follows_the_weights(stack, record_property):
+    (model,) = [d for d in _samples(stack) if d["kind"] == "InferenceModel"]
+    model["metadata"]["name"] = "smollm2-canary"
+    del model["spec"]["autoscaling"]
+    stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    stack.kubectl("apply", "-f", "-", input=_canary_route(80, 20))
+    stack.kubectl("wait", "--for=condition=Ready", "im/smollm2-canary", "--timeout=240s", timeout=260)
+    stack.kubectl("wait", "--for=condition=Ready", "mr/chat-canary", "--timeout=60s")
+    wait_for(lambda: all(stack.gateway_endpoints("assistant").values()) and len(stack.gateway_endpoints("assistant")) == 2,
+             timeout=20, what="both canary backends in the gateway")
+
+    # Six at a time: two runtimes of four sequences each never queue, so the autoscaler stays out of it.
+    load = stack.load("assistant", concurrency=6, max_tokens=1).start()
+    wait_for(lambda: len(load.snapshot()) >= 240, timeout=180, interval=0.5, what="240 answers at 80/20")
+    before = load.snapshot()[:240]
+    changed = time.monotonic()
+    stack.kubectl("apply", "-f", "-", input=_canary_route(20, 80))
+    wait_for(lambda: [b["weight"] for b in stack.gateway_get("/admin/routes")["routes"]["assistant"]["backends"]]
+             == [20, 80], timeout=20, interval=0.1, what="the gateway to load the new weights")
+    applied = time.monotonic()
+    wait_for(lambda: len(load.done_after(applied)) >= 160, timeout=180, interval=0.5, what="160 answers at 20/80")
+    results = load.stop()
+    after = [r for r in results if r.started >= applied][:160]
+
+    assert _failures(results) == [], "a request failed while the weights changed"
+    first, second = _share(before, "smollm2-canary"), _share(after, "smollm2-canary")
+    record_property("requests", len(results))
+    record_property("canary_share_at_80_20", round(first, 3))
+    record_property("canary_share_at_20_80", round(second, 3))
+    record_property("weights_applied_s", round(applied - changed, 2))
+    # Binomial spread at these counts is about 2.6 and 3.2 points; five of them still flags a broken split.
+    assert abs(first - 0.2) < 0.13 and abs(second - 0.8) < 0.16, (first, second)
+
+    # The canary served its purpose; its runtime would only take CPU from the scenarios that follow.
+    stack.kubectl("delete", "mr", "chat-canary")
+    stack.kubectl("delete", "im", "smollm2-canary", "--wait=true", "--timeout=60s")
+
+
+def _decisions(recorder, action: str) -> list[dict]:
+    """The autoscaler's decisions of one kind, each once, from every status version the watch saw."""
+    found = {}
+    for _, _, model in recorder.seen():
+        decision = (model.get("status") or {}).get("autoscaler") or {}
+        if decision.get("action") == action:
+            found[decision["time"]] = decision
+    return list(found.values())
+
+
+def _first(recorder, matches) -> tuple[float, dict] | None:
+    return next(((seen, pod) for seen, _, pod in recorder.seen() if matches(pod)), None)
+
+
+def test_5_autoscaling_up_under_a_burst_and_down_after_the_window(stack, record_property):
+    assert _spec_replicas(stack, "smollm2") == 1
+    (first,) = stack.model_pods("smollm2")
+    with stack.record_model("smollm2") as model, stack.record_pods("sluice.dev/inference-model=smollm2") as pods:
+        burst = stack.load("chat", concurrency=16, max_tokens=64, stream=True, ignore_eos=True,
+                           prompt=LONG_STREAM).start()
+        started = time.monotonic()
+        (up,) = wait_for(lambda: _decisions(model, "ScaleUp"), timeout=60, what="a ScaleUp decision in status")
+        record_property("scale_up_decision_s", round(time.monotonic() - started, 1))
+        second = wait_for(lambda: [p for p in stack.model_pods("smollm2") if ready(p)
+                                   and p["metadata"]["name"] != first["metadata"]["name"]], timeout=180,
+                          what="the second replica to be Ready")[0]
+        record_property("second_replica_ready_s", round(time.monotonic() - started, 1))
+        wait_for(lambda: stack.runtime_metric(second, "vllm:prompt_tokens_total") > 0, timeout=60,
+                 what="the second replica to take requests")
+        record_property("second_replica_serving_s", round(time.monotonic() - started, 1))
+        calm = burst.halt()
+
+        # Light load through the scale-down: long streams on both replicas (bounded-load affinity puts at
+        # least one on each), so the replica removed has some in flight.
+        trickle = stack.load("chat", concurrency=4, max_tokens=160, stream=True, ignore_eos=True,
+                             prompt=LONG_STREAM).start()
+        burst_results = burst.stop()
+        (down,) = wait_for(lambda: _decisions(model, "ScaleDown"), timeout=120, what="a ScaleDown decision in status")
+        deleted = wait_for(lambda: _first(pods, lambda p: p["metadata"].get("deletionTimestamp")), timeout=30,
+                           what="a replica's deletion")
+        deleted_at, victim = deleted
+        record_property("scale_down_after_load_s", round(deleted_at - calm, 1))
+        drained = _first(pods, lambda p: p["metadata"]["uid"] == victim["metadata"]["uid"]
+                         and (p["metadata"].get("annotations") or {}).get("sluice.dev/draining"))
+        wait_for(lambda: not stack.processes(victim["metadata"]["name"]), timeout=45,
+                 what="the removed replica's process to drain and exit")
+        results = trickle.stop()
+
+    assert _failures(burst_results) == [] and _failures(results) == [], "a request failed while scaling"
+    assert (up["currentReplicas"], up["desiredReplicas"]) == (1, 2)
+    assert up["metrics"]["podsScraped"] == 1 and up["metrics"]["waiting"] >= 4, up
+    assert (down["currentReplicas"], down["desiredReplicas"]) == (2, 1)
+    assert down["metrics"]["podsScraped"] == 2 and down["metrics"]["kvCacheUsage"] is not None, down
+    assert drained is not None and drained[0] < deleted_at, "the gateway stopped routing to it before it went"
+    assert _spec_replicas(stack, "smollm2") == 1
+
+    victim_url = f"http://{victim['status']['podIP']}:8000"
+    log = stack.access_log()
+    in_flight = [r for r in results if r.started < deleted_at < r.finished
+                 and log.get(r.request_id, {}).get("endpoint") == victim_url]
+    record_property("streams_in_flight_on_removed_replica", len(in_flight))
+    assert in_flight, "no stream was in flight on the removed replica, so its drain was not exercised"
+    assert all(r.finish_reason == "length" and r.completion_tokens == 160 for r in in_flight), in_flight
+
+    messages = [e["message"] for e in stack.events("smollm2", "Scaled")]
+    assert any(m.startswith("1 → 2 replicas") and "waiting" in m for m in messages), messages
+    assert any(m.startswith("2 → 1 replicas") and "KV-cache usage" in m for m in messages), messages
+
+
+def _set_min_replicas(stack, count: int) -> None:
+    stack.kubectl("patch", "im", "smollm2", "--type=merge", "-p",
+                  json.dumps({"spec": {"autoscaling": {"minReplicas": count}}}))
+
+
+def _serving_pods(stack, count: int, timeout: float = 180) -> list[dict]:
+    """`count` Ready runtime pods whose endpoints the gateway has loaded."""
+    def check():
+        pods = [p for p in stack.model_pods("smollm2") if ready(p)]
+        urls = sorted(f"http://{p['status']['podIP']}:8000" for p in pods)
+        return len(pods) == count and sorted(stack.gateway_endpoints("chat").get("smollm2", [])) == urls and pods
+    return wait_for(check, timeout=timeout, what=f"{count} serving replicas in the gateway's table")
+
+
+def _mixed_load(stack):
+    short = stack.load("chat", concurrency=3, max_tokens=8).start()
+    streams = stack.load("chat", concurrency=2, max_tokens=48, stream=True, ignore_eos=True, prompt=LONG_STREAM).start()
+    return short, streams
+
+
+def test_6_a_killed_runtime_is_routed_around_and_replaced(stack, record_property):
+    _set_min_replicas(stack, 2)
+    first, second = _serving_pods(stack, 2)
+    short, streams = _mixed_load(stack)
+    time.sleep(3)
+
+    # A crash: the process dies at once; as the kubelet does, the launcher restarts the container in place.
+    killed_at = time.monotonic()
+    (pid,) = stack.processes(first["metadata"]["name"])
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted():
+        pod = stack.get("pod", first["metadata"]["name"])
+        status = (pod["status"].get("containerStatuses") or [{}])[0]
+        return ready(pod) and status.get("restartCount", 0) >= 1 and status
+    status = wait_for(restarted, timeout=180, what="the killed container to be restarted and Ready")
+    restarted_at = time.monotonic()
+    assert status["lastState"]["terminated"]["exitCode"] == 137
+    new = stack.processes(first["metadata"]["name"])
+    assert new and new != [pid]
+    _serving_pods(stack, 2)
+    wait_for(lambda: stack.runtime_metric(first, "vllm:request_success_total") > 0, timeout=60,
+             what="the restarted process to answer requests")
+    record_property("crash_to_serving_again_s", round(time.monotonic() - killed_at, 1))
+    # Meanwhile the gateway sent the route's requests to the other replica.
+    routed_around = [r for r in short.snapshot() if killed_at < r.started and r.finished < restarted_at and r.ok]
+    record_property("answered_while_one_was_down", len(routed_around))
+    assert routed_around
+
+    # A lost node: the pod is force-deleted, the ReplicaSet replaces it and the launcher starts its process.
+    lost_at = time.monotonic()
+    stack.kubectl("delete", "pod", second["metadata"]["name"], "--grace-period=0", "--force")
+    pods = wait_for(lambda: (pods := _serving_pods(stack, 2)) and second["metadata"]["name"] not in
+                    [p["metadata"]["name"] for p in pods] and pods, timeout=180, what="a replacement replica")
+    record_property("pod_loss_to_serving_again_s", round(time.monotonic() - lost_at, 1))
+    (replacement,) = [p for p in pods if p["metadata"]["name"] != first["metadata"]["name"]]
+    assert stack.processes(replacement["metadata"]["name"])
+    wait_for(lambda: stack.runtime_metric(replacement, "vllm:request_success_total") > 0, timeout=60,
+             what="the replacement to answer requests")
+
+    results = short.stop() + streams.stop()
+    unstarted = [r for r in results if not r.ok and r.chunks == 0]
+    record_property("requests", len(results))
+    record_property("streams_cut_mid_way", sum(1 for r in results if not r.ok and r.chunks > 0))
+    record_property("retried_by_gateway", sum(1 for e in stack.access_log().values() if (e.get("attempts") or 0) > 1))
+    assert unstarted == [], [f"{r.request_id}: {r.error}" for r in unstarted]
+
+
+def test_7_rollout_of_new_runtime_args_fails_no_request(stack, record_property):
+    before = {p["metadata"]["name"] for p in _serving_pods(stack, 2)}
+    short, streams = _mixed_load(stack)
+    time.sleep(2)
+    started = time.monotonic()
+    stack.kubectl("patch", "im", "smollm2", "--type=merge", "-p",
+                  json.dumps({"spec": {"runtime": {"args": ["--max-num-batched-tokens", "512"]}}}))
+    stack.kubectl("rollout", "status", "deployment/smollm2", "--timeout=300s", timeout=320)
+    after = _serving_pods(stack, 2)
+    record_property("rollout_s", round(time.monotonic() - started, 1))
+    time.sleep(2)
+    results = short.stop() + streams.stop()
+
+    assert not before & {p["metadata"]["name"] for p in after}, "every replica was replaced"
+    for pod in after:
+        (pid,) = stack.processes(pod["metadata"]["name"])
+        assert "--max-num-batched-tokens\x00512" in open(f"/proc/{pid}/cmdline").read()
+    model = stack.get("im", "smollm2")
+    wait_for(lambda: stack.condition("im", "smollm2", "Progressing").get("reason") == "RolloutComplete",
+             timeout=30, what="Progressing=False/RolloutComplete")
+    assert stack.get("im", "smollm2")["status"]["observedGeneration"] == model["metadata"]["generation"]
+    record_property("requests", len(results))
+    assert _failures(results) == [], "a request failed during the rollout"
+
+
+@pytest.mark.e2e_always
+def test_8_delete_and_uninstall_leave_nothing_behind(stack, record_property):
+    started = time.monotonic()
+    seen = {p["metadata"]["name"] for p in stack.pods("sluice.dev/launch=true")}
+    stack.kubectl("delete", "-k", str(OVERLAY), "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
+    wait_for(lambda: not stack.model_pods("smollm2"), timeout=90, what="the runtime pods to go")
+    wait_for(lambda: stack.get("configmap", ROUTING_TABLE) is None, timeout=30, what="the routing table to go")
+    stack.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
+    record_property("teardown_s", round(time.monotonic() - started, 1))
+
+    kinds = ",".join(stack.cluster.kubectl("api-resources", "--verbs=list", "--namespaced", "-o", "name").stdout.split())
+    def left():
+        items = json.loads(stack.kubectl("get", kinds, "-o", "json", "--ignore-not-found").stdout or '{"items": []}')
+        return [f"{i['kind']}/{i['metadata']['name']}" for i in items["items"]
+                if i["kind"] not in ("Event",)  # history, expired by the API server's TTL
+                and (i["kind"], i["metadata"]["name"]) not in (("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt"))]
+    wait_for(lambda: not left(), timeout=60, what="the namespace to be empty")
+    for kind in ("clusterrole", "clusterrolebinding"):
+        assert stack.cluster.kubectl("get", kind, f"{RELEASE}-operator", check=False).returncode != 0, kind
+    wait_for(lambda: not [name for name in seen if stack.processes(name)], timeout=60,
+             what="every launched process to exit")
+    assert not list(stack.launcher.volume_dir.glob(f"{NAMESPACE}_*")), "the pods' volumes are removed"
