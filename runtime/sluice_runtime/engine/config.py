@@ -5,6 +5,8 @@ import argparse
 import re
 from dataclasses import dataclass, fields
 
+# The names executor.attention.BACKENDS accepts, repeated so parsing flags does not import torch.
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
@@ -25,8 +27,11 @@ class EngineConfig:
     model: str = "smollm2"
     dtype: str = "float32"
     device: str = "cpu"
+    # Rounded up to what the attention backend reads (a multiple of 256 tokens for flash-attn).
     block_size: int = 16
-    kv_cache_memory: int = 1 << 30
+    # The replica's budget, all tensor-parallel ranks together. None: 1 GiB on the CPU; on CUDA
+    # whatever --gpu-memory-utilization leaves (a value given on CUDA caps that).
+    kv_cache_memory: int | None = None
     # Overrides kv_cache_memory when set.
     num_kv_blocks: int | None = None
     # None: the model's own context length.
@@ -38,13 +43,21 @@ class EngineConfig:
     # A request preempted this often is no longer chosen as a victim, so it cannot livelock.
     max_preemptions_per_request: int = 4
     seed: int = 0
+    # auto: flash-attn where importable on CUDA, else Triton on CUDA, else torch.
+    attention_backend: str = "auto"
+    # CUDA only: no decode CUDA graphs.
+    enforce_eager: bool = False
+    # CUDA only: the share of the device the weights, activations and KV cache may use.
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         checks = [
             (self.dtype in ("float32", "bfloat16", "float16"), f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}"),
             (self.block_size in (1, 2, 4, 8, 16, 32, 64, 128, 256), f"block size must be a power of two up to 256, got {self.block_size}"),
-            (self.kv_cache_memory > 0, "kv cache memory must be positive"),
+            (self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv cache memory must be positive"),
             (self.num_kv_blocks is None or self.num_kv_blocks >= 1, f"num kv blocks must be at least 1, got {self.num_kv_blocks}"),
             (self.max_model_len is None or self.max_model_len >= 1, f"max model len must be at least 1, got {self.max_model_len}"),
             (self.max_num_seqs >= 1, f"max num seqs must be at least 1, got {self.max_num_seqs}"),
@@ -52,6 +65,11 @@ class EngineConfig:
              f"max num batched tokens ({self.max_num_batched_tokens}) must be at least max num seqs ({self.max_num_seqs})"),
             (self.max_waiting >= 1, f"max waiting must be at least 1, got {self.max_waiting}"),
             (self.max_preemptions_per_request >= 0, "max preemptions per request must be non-negative"),
+            (self.attention_backend in ATTENTION_BACKENDS,
+             f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"),
+            (0 < self.gpu_memory_utilization <= 1,
+             f"gpu memory utilization must be in (0, 1], got {self.gpu_memory_utilization}"),
+            (self.tensor_parallel_size >= 1, f"tensor parallel size must be at least 1, got {self.tensor_parallel_size}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -64,8 +82,11 @@ class EngineConfig:
                            help="'smollm2' (embedded default), a local HF model directory, or hf:ORG/NAME")
         group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
         group.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-        group.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
-        group.add_argument("--kv-cache-memory", default="1GiB", help="KV-cache budget, e.g. 512MiB or 2GiB")
+        group.add_argument("--block-size", type=int, default=16,
+                           help="tokens per KV-cache block (rounded up to a multiple of 256 for flash-attn)")
+        group.add_argument("--kv-cache-memory", default=None,
+                           help="KV-cache budget of the replica, e.g. 512MiB or 2GiB (default: 1GiB on the CPU; on "
+                                "CUDA what --gpu-memory-utilization leaves, which a value given here caps)")
         group.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache size in blocks; overrides --kv-cache-memory")
         group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
         group.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
@@ -74,6 +95,14 @@ class EngineConfig:
         group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                            help="disable reuse of cached prompt blocks")
         group.add_argument("--seed", type=int, default=0)
+        group.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                           help="attention kernels; auto: flash-attn if importable on CUDA, else triton on CUDA, "
+                                "else torch")
+        group.add_argument("--enforce-eager", action="store_true", help="CUDA: run decode steps without CUDA graphs")
+        group.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                           help="CUDA: share of each GPU for weights, activations and the KV cache, sized at start")
+        group.add_argument("--tensor-parallel-size", type=int, default=1,
+                           help="shard the model across this many GPUs (processes on the CPU)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":

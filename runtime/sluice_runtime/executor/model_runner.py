@@ -1,23 +1,60 @@
-"""Owns the model weights and the KV cache; runs one packed forward per engine step."""
+"""Owns the model weights and the KV cache; runs one packed forward per engine step.
+
+On CUDA it also picks the attention kernels, sizes the KV cache from what a maximal step leaves
+of --gpu-memory-utilization, captures decode steps in CUDA graphs and samples on the device.
+With --tensor-parallel-size N this process is rank 0: it starts ranks 1..N-1, which hold the
+other shards of every layer and run each step alongside it; only rank 0 computes logits.
+"""
 from __future__ import annotations
 
 import json
 import logging
+import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..layers.linear import TensorParallel
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
 from ..models.loading import ModelLoadError
 from ..models.weights import load_weights
-from .attention import AttentionMetadata, SequenceSpan, select_backend
+from .packed_linear import prepack_linears
+from . import distributed
+from .attention import AttentionMetadata, SequenceSpan, TorchAttentionBackend, select_backend
+from .cuda_graphs import DecodeGraphs, cuda_graph_capture, graph_batch_sizes
+from .device_sampler import DeviceSampler
+from .memory import plan_kv_cache_blocks, profile_cuda_memory
 from .sampler import SampleRequest, SampleResult, Sampler
+from .transfer import to_device
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_CPU_KV_CACHE = 1 << 30
+
+
+@dataclass
+class RunnerConfig:
+    """The engine settings the executor uses (picklable: tensor-parallel workers get a copy)."""
+
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    # The replica's KV-cache budget, all ranks together; None: 1 GiB on the CPU, on CUDA whatever
+    # --gpu-memory-utilization leaves.
+    kv_cache_memory: int | None = None
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    seed: int = 0
 
 
 @dataclass
@@ -30,86 +67,278 @@ class BatchItem:
     sample: SampleRequest | None  # set when the last token's logits are sampled
 
 
+@dataclass
+class StepInputs:
+    """A packed step as every rank runs it (no sampling state, so it pickles small)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    decodes: list[SequenceSpan]
+    prefills: list[SequenceSpan]
+    sample_rows: list[int]
+
+
 class ModelRunner:
-    def __init__(self, model_dir: Path, dtype: str, device: str, block_size: int,
-                 kv_cache_memory: int, num_kv_blocks: int | None, max_model_len: int | None, seed: int):
-        raw = json.loads((model_dir / "config.json").read_text())
-        self.cfg = ModelConfig.from_hf(raw)
-        self.max_model_len = max_model_len or self.cfg.max_position_embeddings
+    def __init__(self, model_dir: Path, config: RunnerConfig, rank: int = 0, port: int | None = None):
+        self.config = config
+        self.rank = rank
+        self.cfg = ModelConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
+        self.max_model_len = config.max_model_len or self.cfg.max_position_embeddings
         if self.max_model_len > self.cfg.max_position_embeddings and not self.cfg.rope_scaling:
             raise ModelLoadError(
                 f"--max-model-len {self.max_model_len} exceeds the model's context of "
                 f"{self.cfg.max_position_embeddings} tokens")
-        self.device = torch.device(device)
-        self.dtype = DTYPES[dtype]
-        self.block_size = block_size
-        torch.manual_seed(seed)
+        self.tp = TensorParallel(rank, config.tensor_parallel_size)
+        _check_shardable(self.cfg, self.tp.size)
+        self.device = _device(config.device, rank, self.tp.size)
+        self.dtype = DTYPES[config.dtype]
+        self.workers: distributed.WorkerGroup | None = None
+        if self.tp.size > 1 and rank == 0:
+            self.workers = distributed.WorkerGroup(run_worker, (model_dir, config), self.tp.size)
+            port = self.workers.port
+            weakref.finalize(self, _shut_down, self.workers)
+        try:
+            self._start(model_dir, port)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, model_dir: Path, port: int | None) -> None:
+        config = self.config
+        if self.tp.size > 1:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            else:
+                # The ranks share this machine's cores; each would otherwise start a thread per core.
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.tp.size))
+            distributed.init_process_group(self.rank, self.tp.size, port, self.device)
+        torch.manual_seed(config.seed)
         with torch.device("meta"):
-            model = LlamaForCausalLM(self.cfg, self.max_model_len)
+            model = LlamaForCausalLM(self.cfg, self.max_model_len, self.tp)
         model = model.to_empty(device=self.device).to(self.dtype)
         # Rotary tables are computed, not loaded; rebuild them on the real device in float32.
         model.rotary = type(model.rotary)(self.cfg.head_dim, self.max_model_len, self.cfg.rope_theta,
                                           self.cfg.rope_scaling).to(self.device)
         if self.cfg.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
-        load_weights(model, model_dir, self.dtype)
+        error = None
+        try:
+            load_weights(model, model_dir, self.dtype)
+        except ModelLoadError as exc:
+            error = str(exc)
+        self._agree(error)
         self.model = model.eval()
-        self.backend = select_backend(device)
-        self.num_blocks = num_kv_blocks or max(1, kv_cache_memory // self.bytes_per_block)
-        slots = self.num_blocks * block_size
-        shape = (slots, self.cfg.num_kv_heads, self.cfg.head_dim)
+        if self.device.type == "cpu":
+            prepack_linears(self.model)
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        self.backend = select_backend(self.device, config.attention_backend, self.dtype, self.cfg.head_dim)
+        # Embeddings run without a KV cache, which only the reference backend handles.
+        self.reference_backend = TorchAttentionBackend()
+        multiple = self.backend.block_size_multiple
+        self.block_size = -(-config.block_size // multiple) * multiple
+        if self.block_size != config.block_size:
+            log.info("the %s attention backend reads KV-cache blocks of a multiple of %d tokens: block size %d -> %d",
+                     self.backend.name, multiple, config.block_size, self.block_size)
+        use_graphs = self.device.type == "cuda" and self.backend.supports_cuda_graphs and not config.enforce_eager
+        self.num_blocks = self._kv_cache_blocks(use_graphs)
+        shape = (self.num_blocks * self.block_size, self.model.layers[0].self_attn.num_kv_heads, self.cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(self.cfg.num_layers)]
-        self.sampler = Sampler(seed)
-        self.num_parameters = sum(p.numel() for p in self.model.parameters())
-        log.info("model %s: %d layers, %.1fM parameters, %s; KV cache %d blocks x %d tokens (%.0f MiB)",
-                 self.cfg.architecture, self.cfg.num_layers, self.num_parameters / 1e6, dtype,
-                 self.num_blocks, block_size, self.num_blocks * self.bytes_per_block / 2**20)
+        self.graphs = self._capture_graphs() if use_graphs else None
+        self.sampler = Sampler(config.seed)
+        self.device_sampler = (DeviceSampler(self.sampler, self.device, config.seed)
+                               if self.device.type == "cuda" else None)
+        if self.rank == 0:
+            log.info("model %s: %d layers, %.1fM parameters%s, %s on %s; attention %s%s; KV cache %d blocks x %d "
+                     "tokens (%.0f MiB%s)", self.cfg.architecture, self.cfg.num_layers, self.num_parameters / 1e6,
+                     f" per rank x {self.tp.size}" if self.tp.size > 1 else "", config.dtype, self.device,
+                     self.backend.name, f", CUDA graphs for batches up to {self.graphs.sizes[-1]}" if self.graphs else "",
+                     self.num_blocks, self.block_size, self.num_blocks * self.bytes_per_block / 2**20,
+                     " per rank" if self.tp.size > 1 else "")
+
+    # -- start-up -----------------------------------------------------------------------------------
+
+    def _agree(self, error: str | None, value: int = 0) -> list[int]:
+        """Exchange a start-up result with the other ranks: all raise if any failed, else every value."""
+        results = distributed.all_gather((error, value)) if self.tp.size > 1 else [(error, value)]
+        for rank, (problem, _) in enumerate(results):
+            if problem:
+                raise ModelLoadError(problem if self.tp.size == 1 else f"tensor-parallel rank {rank}: {problem}")
+        return [v for _, v in results]
 
     @property
     def bytes_per_block(self) -> int:
+        """KV-cache bytes of one block on this rank (its share of the KV heads)."""
         element = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * self.cfg.num_layers * self.block_size * self.cfg.num_kv_heads * self.cfg.head_dim * element
+        heads = self.model.layers[0].self_attn.num_kv_heads
+        return 2 * self.cfg.num_layers * self.block_size * heads * self.cfg.head_dim * element
+
+    def _kv_cache_blocks(self, use_graphs: bool) -> int:
+        config = self.config
+        if config.num_kv_blocks:
+            return config.num_kv_blocks
+        requested = None if config.kv_cache_memory is None else config.kv_cache_memory // self.tp.size
+        if self.device.type != "cuda":
+            return max(1, (requested or DEFAULT_CPU_KV_CACHE // self.tp.size) // self.bytes_per_block)
+        profile = profile_cuda_memory(self.device, self._run_maximal_step)
+        error, blocks = None, 0
+        try:
+            # The graphs' memory pool holds at most one decode batch's activations, well under a maximal step's.
+            blocks = plan_kv_cache_blocks(profile, config.gpu_memory_utilization, self.bytes_per_block, self.block_size,
+                                          self.max_model_len, requested, profile.activations if use_graphs else 0)
+        except ModelLoadError as exc:
+            error = str(exc)
+        # Every rank holds the same blocks, so the smallest device decides.
+        return min(self._agree(error, blocks))
+
+    @torch.inference_mode()
+    def _run_maximal_step(self) -> None:
+        """The most a step can hold: max_num_batched_tokens of prefill, max_num_seqs rows sampled."""
+        tokens = self.config.max_num_batched_tokens
+        lengths = [min(self.max_model_len, tokens - start) for start in range(0, tokens, self.max_model_len)]
+        spans, start = [], 0
+        for n in lengths:
+            spans.append(SequenceSpan(start, n, n, []))
+            start += n
+        meta = AttentionMetadata(num_decodes=0, prefills=spans, slot_mapping=torch.empty(0, dtype=torch.long),
+                                 prefill_context=[None] * len(spans))
+        positions = torch.cat([torch.arange(n) for n in lengths]).to(self.device)
+        hidden = self.model.hidden_states(torch.zeros(tokens, dtype=torch.long, device=self.device), positions,
+                                          self.reference_backend, meta, None)
+        logits = self.model.logits(hidden[:min(self.config.max_num_seqs, tokens)])
+        # What top-k/top-p sampling allocates on top of the logits.
+        logits.sort(dim=-1, descending=True)[0].softmax(dim=-1).cumsum(dim=-1)
+
+    def _capture_graphs(self) -> DecodeGraphs:
+        def forward(input_ids, positions, meta):
+            return self.model.hidden_states(input_ids, positions, self.backend, meta, self.kv_caches)
+
+        with torch.inference_mode():
+            return DecodeGraphs(forward, graph_batch_sizes(self.config.max_num_seqs), self.max_model_len,
+                                self.block_size, self.cfg.sliding_window, self.cfg.hidden_size, self.dtype,
+                                self.device, cuda_graph_capture())
+
+    # -- steps --------------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute(self, decodes: list[BatchItem], prefills: list[BatchItem]) -> list[SampleResult]:
         """Run one packed forward; returns one result per item with a sample request, in order."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        spans: list[SequenceSpan] = []
-        sample_rows: list[int] = []
+        step = StepInputs([], [], [], [], [])
         sample_requests: list[SampleRequest] = []
-        for item in decodes + prefills:
-            start = len(input_ids)
-            input_ids.extend(item.token_ids)
-            positions.extend(range(item.start_pos, item.start_pos + len(item.token_ids)))
-            spans.append(SequenceSpan(start, len(item.token_ids), item.start_pos + len(item.token_ids),
-                                      item.block_table))
+        for i, item in enumerate(decodes + prefills):
+            start = len(step.input_ids)
+            step.input_ids.extend(item.token_ids)
+            step.positions.extend(range(item.start_pos, item.start_pos + len(item.token_ids)))
+            span = SequenceSpan(start, len(item.token_ids), item.start_pos + len(item.token_ids), item.block_table)
+            (step.decodes if i < len(decodes) else step.prefills).append(span)
             if item.sample is not None:
-                sample_rows.append(len(input_ids) - 1)
+                step.sample_rows.append(len(step.input_ids) - 1)
                 sample_requests.append(item.sample)
-        meta = self.backend.build_metadata(spans[:len(decodes)], spans[len(decodes):], self.block_size,
-                                           self.device, self.cfg.sliding_window)
-        hidden = self.model.hidden_states(
-            torch.tensor(input_ids, device=self.device), torch.tensor(positions, device=self.device),
-            self.backend, meta, self.kv_caches)
-        if not sample_rows:
+        if self.workers is not None:
+            self.workers.send(("step", step))
+        hidden = self._forward(step)
+        if not step.sample_rows:
             return []
-        logits = self.model.logits(hidden[torch.tensor(sample_rows, device=self.device)]).cpu()
-        return self.sampler(logits, sample_requests)
+        logits = self.model.logits(hidden[to_device(step.sample_rows, torch.long, self.device)])
+        if self.device_sampler is not None:
+            return self.device_sampler(logits, sample_requests)
+        return self.sampler(logits.cpu(), sample_requests)
+
+    def _forward(self, step: StepInputs) -> torch.Tensor:
+        if self.graphs is not None and not step.prefills:
+            hidden = self.graphs.run(step.input_ids, step.positions, step.decodes)
+            if hidden is not None:
+                return hidden
+        meta = self.backend.build_metadata(step.decodes, step.prefills, self.block_size, self.device,
+                                           self.cfg.sliding_window)
+        return self.model.hidden_states(
+            to_device(step.input_ids, torch.long, self.device), to_device(step.positions, torch.long, self.device),
+            self.backend, meta, self.kv_caches)
 
     @torch.inference_mode()
     def embed(self, token_ids: list[int]) -> list[float]:
         """Mean-pooled, L2-normalized final hidden states; runs without touching the KV cache."""
+        if self.workers is not None:
+            self.workers.send(("embed", token_ids))
+        pooled = self._embed(token_ids).float().mean(dim=0)
+        return torch.nn.functional.normalize(pooled, dim=0).tolist()
+
+    def _embed(self, token_ids: list[int]) -> torch.Tensor:
         n = len(token_ids)
         meta = AttentionMetadata(num_decodes=0, prefills=[SequenceSpan(0, n, n, [])],
                                  slot_mapping=torch.empty(0, dtype=torch.long), prefill_context=[None])
-        hidden = self.model.hidden_states(torch.tensor(token_ids, device=self.device),
-                                          torch.arange(n, device=self.device), self.backend, meta, None)
-        pooled = hidden.float().mean(dim=0)
-        return torch.nn.functional.normalize(pooled, dim=0).tolist()
+        return self.model.hidden_states(torch.tensor(token_ids, device=self.device),
+                                        torch.arange(n, device=self.device), self.reference_backend, meta, None)
 
     @staticmethod
     def make_generator(seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed)
+
+    # -- tensor-parallel workers ----------------------------------------------------------------------
+
+    def follow(self, pipe) -> None:
+        """A worker rank's loop: run what rank 0 sends until it says stop or goes away."""
+        with torch.inference_mode():
+            while True:
+                try:
+                    message = pipe.recv()
+                except EOFError:
+                    return
+                if message is None:
+                    return
+                kind, payload = message
+                if kind == "step":
+                    self._forward(payload)
+                else:
+                    self._embed(payload)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (rank 0) and leave the process group."""
+        if self.workers is not None:
+            self.workers.close()
+        if self.tp.size > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _shut_down(workers: distributed.WorkerGroup) -> None:
+    workers.close()
+
+
+def run_worker(model_dir: Path, config: RunnerConfig, rank: int, port: int, pipe) -> None:
+    """Entry point of tensor-parallel rank `rank` (a spawned process)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s tp-rank{rank} %(name)s: %(message)s")
+    pipe.send(distributed.WorkerGroup.STARTED)
+    try:
+        runner = ModelRunner(model_dir, config, rank, port)
+    except ModelLoadError:
+        return  # every rank raised the same error; rank 0 reports it
+    runner.follow(pipe)
+    runner.close()
+
+
+def _check_shardable(cfg: ModelConfig, size: int) -> None:
+    if size == 1:
+        return
+    problems = []
+    if cfg.num_heads % size:
+        problems.append(f"{cfg.num_heads} attention heads")
+    if cfg.num_kv_heads % size and size % cfg.num_kv_heads:
+        problems.append(f"{cfg.num_kv_heads} key/value heads (neither divisible by nor dividing it)")
+    if cfg.intermediate_size % size:
+        problems.append(f"an MLP width of {cfg.intermediate_size}")
+    if problems:
+        raise ModelLoadError(f"--tensor-parallel-size {size} does not divide this model's {' and '.join(problems)}")
+
+
+def _device(name: str, rank: int, world_size: int) -> torch.device:
+    device = torch.device(name)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {name}, but torch sees no CUDA device (CPU-only torch build or no GPU)")
+    first, count = device.index or 0, torch.cuda.device_count()
+    if first + world_size > count:
+        raise ModelLoadError(f"--device {name} with --tensor-parallel-size {world_size} needs GPUs {first}.."
+                             f"{first + world_size - 1}, but {count} are visible")
+    return torch.device("cuda", first + rank)

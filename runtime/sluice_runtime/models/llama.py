@@ -1,7 +1,9 @@
 """The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) over packed, unpadded batches.
 
 Attention is delegated to a backend object (executor/attention) passed in at call time, so this
-module stays below the executor and knows nothing of KV-cache layout.
+module stays below the executor and knows nothing of KV-cache layout. With tensor parallelism each
+rank holds its share of the heads and MLP channels (layers/linear.py); embeddings, norms and the
+LM head are replicated.
 """
 from __future__ import annotations
 
@@ -9,20 +11,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.linear import ColumnParallelLinear, RowParallelLinear, TensorParallel
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
 from .config import ModelConfig
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.head_dim = cfg.head_dim
+        self.num_heads = tp.units(cfg.num_heads)[1]
+        self.num_kv_heads = tp.units(cfg.num_kv_heads)[1]
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
         # q, k and v share one matmul: one large GEMM beats three small ones on every backend.
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, [(cfg.num_heads, cfg.head_dim), (cfg.num_kv_heads, cfg.head_dim),
+                              (cfg.num_kv_heads, cfg.head_dim)], cfg.attention_bias, tp)
+        self.o_proj = RowParallelLinear(cfg.num_heads, cfg.head_dim, cfg.hidden_size, False, tp)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
@@ -41,11 +48,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel):
         super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.intermediate = tp.units(cfg.intermediate_size)[1]
+        channels = (cfg.intermediate_size, 1)
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [channels, channels], False, tp)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, 1, cfg.hidden_size, False, tp)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -53,12 +61,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, rope, backend, meta, kv_cache):
         x = x + self.self_attn(self.input_layernorm(x), rope, backend, meta, kv_cache)
@@ -66,11 +74,11 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TensorParallel = TensorParallel()):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

@@ -1,4 +1,7 @@
-"""Load HF safetensors checkpoints into our module layout (fused qkv and gate/up projections)."""
+"""Load HF safetensors checkpoints into our module layout (fused qkv and gate/up projections).
+
+Under tensor parallelism a sharded layer cuts each full weight down to its rank's part (`shard`).
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,17 +50,23 @@ def load_weights(model: torch.nn.Module, directory: Path, dtype: torch.dtype) ->
             if name not in params:
                 raise ModelLoadError(f"{file.name} holds {hf_name}, which this architecture does not have")
             if shard is None:
-                _copy(params[name], tensor, hf_name, dtype)
+                _copy(params[name], _local(model, name, tensor), hf_name, dtype)
                 loaded.add(name)
             else:
                 fused_parts.setdefault(name, {})[shard] = tensor
     for name, parts in fused_parts.items():
-        _copy(params[name], torch.cat([parts[i] for i in sorted(parts)], dim=0), name, dtype)
+        _copy(params[name], _local(model, name, torch.cat([parts[i] for i in sorted(parts)], dim=0)), name, dtype)
         loaded.add(name)
     missing = [n for n in params if n not in loaded and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)]
     if missing:
         raise ModelLoadError(f"weights missing from {directory}: {', '.join(missing[:5])}"
                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+
+
+def _local(model: torch.nn.Module, name: str, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a full checkpoint tensor (all of it unless its layer is sharded)."""
+    layer = model.get_submodule(name.rpartition(".")[0])
+    return layer.shard(full) if hasattr(layer, "shard") else full
 
 
 def _copy(param: torch.nn.Parameter, tensor: torch.Tensor, name: str, dtype: torch.dtype) -> None:
