@@ -24,7 +24,8 @@ def _parser() -> argparse.ArgumentParser:
         help="peering priority; the highest acts, the others wait (default: random, so exactly one leads)",
     )
     run.add_argument("--standalone", action="store_true", help="no peering: for a single replica or local use")
-    run.add_argument("--health-port", type=int, default=8081, help="liveness endpoint /healthz (0 disables)")
+    run.add_argument("--health-port", type=int, default=8081,
+                     help="serves /healthz (liveness) and /metrics (sluice_operator_*); 0 disables both")
     run.add_argument("--autoscale-interval", type=float, default=15.0, help="seconds between autoscaler ticks")
     run.add_argument("--verbose", action="store_true", help="debug logging")
 

@@ -150,6 +150,9 @@ def test_network_policies_confine_each_component(full_objects):
     assert runtime_egress["ports"] == [{"port": 8000, "protocol": "TCP"}]
     operator = one(full_objects, "NetworkPolicy", "-operator")
     assert operator["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
+    (scrape,) = operator["spec"]["ingress"]
+    assert scrape["ports"] == [{"port": 8081, "protocol": "TCP"}], "only Prometheus, only the metrics port"
+    assert one(full_objects, "PodMonitor", "-operator")["spec"]["podMetricsEndpoints"][0]["port"] == "health"
     runtime = one(full_objects, "NetworkPolicy", "-runtime")
     assert runtime["spec"]["policyTypes"] == ["Ingress"]
     assert len(runtime["spec"]["ingress"][0]["from"]) == 3

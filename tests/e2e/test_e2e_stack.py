@@ -246,6 +246,10 @@ def test_5_autoscaling_up_under_a_burst_and_down_after_the_window(stack, record_
     messages = [e["message"] for e in stack.events("smollm2", "Scaled")]
     assert any(m.startswith("1 → 2 replicas") and "waiting" in m for m in messages), messages
     assert any(m.startswith("2 → 1 replicas") and "KV-cache usage" in m for m in messages), messages
+    (operator,) = stack.pods("app.kubernetes.io/component=operator")
+    for action in ("ScaleUp", "ScaleDown"):
+        assert stack.metric(operator, 8081, "sluice_operator_autoscaler_decisions_total", f'action="{action}"',
+                            'model="smollm2"') == 1, action
 
 
 def _set_min_replicas(stack, count: int) -> None:

@@ -101,6 +101,10 @@ async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name:
     ).wire()
     previous = state.decisions.get((namespace, name))
     state.decisions[(namespace, name)] = record
+    state.metrics.decisions.labels(namespace, name, record["action"]).inc()
+    state.metrics.desired_replicas.labels(namespace, name).set(desired)
+    if observation.failures:
+        state.metrics.scrape_failures.labels(namespace, name).inc(len(observation.failures))
     if desired != decision.current_replicas:
         await state.kube.scale(PLURAL, namespace, name, desired)
         kopf.info(body, reason="Scaled", message=f"{decision.current_replicas} → {desired} replicas: {reason}")

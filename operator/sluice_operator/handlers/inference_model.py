@@ -31,6 +31,7 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
     except ValidationError as exc:
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         state.apply_errors[key] = ("InvalidSpec", message)
+        state.metrics.reconciles.labels("invalid_spec").inc()
         await refresh(state, namespace, name)
         kopf.warn(body, reason="InvalidSpec", message=message)
         raise kopf.PermanentError(message) from None
@@ -44,10 +45,13 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
                 # The cluster refuses what we built (quota, admission policy): retrying will not help until
                 # the spec or the cluster changes, and either brings a new event.
                 state.apply_errors[key] = ("ApplyRefused", message)
+                state.metrics.reconciles.labels("refused").inc()
                 await refresh(state, namespace, name)
                 kopf.warn(body, reason="ApplyRefused", message=message)
                 raise kopf.PermanentError(message) from None
+            state.metrics.reconciles.labels("retry").inc()
             raise kopf.TemporaryError(message, delay=10) from None
+    state.metrics.reconciles.labels("applied").inc()
     had_error = state.apply_errors.pop(key, None) is not None
     if reason != "resume" or had_error:
         kopf.info(body, reason="Reconciled",

@@ -75,12 +75,20 @@ def _route_status(verdict: RouteVerdict, generation: int, existing: dict[str, An
 
 
 async def compile_namespace(state: OperatorState, namespace: str) -> None:
+    with state.metrics.compile_seconds.time():
+        await _compile_namespace(state, namespace)
+
+
+async def _compile_namespace(state: OperatorState, namespace: str) -> None:
     kube = state.kube
     model_objs = await kube.list_custom("inferencemodels", namespace)
     route_objs = await kube.list_custom("modelroutes", namespace)
     if not model_objs and not route_objs:
+        # No table at all rather than an empty one: nothing is left behind in the namespace, and the
+        # gateway mounts the table as an optional volume, so a missing one means no routes there too.
         await kube.delete_config_map(namespace, ROUTING_TABLE)
         state.tables.pop(namespace, None)
+        state.metrics.forget_namespace(namespace)
         return
     pods = await kube.list_pods(namespace, LABEL_MODEL)
     models: dict[str, InferenceModelSpec] = {}
@@ -103,6 +111,7 @@ async def compile_namespace(state: OperatorState, namespace: str) -> None:
         await kube.apply(_config_map(namespace, compiled.table, model_objs))
         log.info("routing table %s/%s generation %d", namespace, ROUTING_TABLE, compiled.table.generation)
     state.tables[namespace] = compiled.table
+    state.metrics.table_generation.labels(namespace).set(compiled.table.generation)
 
     verdicts = {**compiled.verdicts, **invalid}
     for obj in route_objs:
@@ -118,6 +127,7 @@ async def compile_namespace(state: OperatorState, namespace: str) -> None:
 
     for name in models:
         count = len(endpoints.get(name, ()))
+        state.metrics.endpoints.labels(namespace, name).set(count)
         if state.endpoint_counts.get((namespace, name)) != count:
             state.endpoint_counts[(namespace, name)] = count
             request_refresh(state, namespace, name)

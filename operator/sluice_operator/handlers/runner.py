@@ -7,6 +7,7 @@ from typing import Any
 
 import kopf
 
+from . import health
 from .kube import Kube, load_config
 from .registration import register
 from .state import OperatorState
@@ -37,8 +38,13 @@ def run_operator(options: OperatorOptions) -> int:
         # The same credentials as the kubernetes client: in-cluster service account or $KUBECONFIG.
         return kopf.login_via_client(**kwargs)
 
+    server: list[Any] = []
+
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        if options.health_port:
+            # Every replica answers, the standby ones too: kopf's own liveness endpoint has no /metrics.
+            server.append(await health.serve(state.metrics, "0.0.0.0", options.health_port))
         # Progress and the last-handled spec live in annotations: the status belongs to our schema.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sluice.dev")
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -54,6 +60,11 @@ def run_operator(options: OperatorOptions) -> int:
             else:
                 await state.kube.ensure_cluster_peering(options.peering)
 
+    @kopf.on.cleanup(registry=registry)
+    async def stop_server(**_: Any) -> None:
+        for runner in server:
+            await runner.cleanup()
+
     kopf.run(
         registry=registry,
         clusterwide=not options.namespaces,
@@ -61,6 +72,5 @@ def run_operator(options: OperatorOptions) -> int:
         standalone=options.peering is None,
         peering_name=options.peering or "default",
         priority=options.priority,
-        liveness_endpoint=f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None,
     )
     return 0

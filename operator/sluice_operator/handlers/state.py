@@ -7,6 +7,7 @@ from typing import Any
 from sluice_gateway.routing_table import RoutingTable
 
 from ..autoscaler import History
+from ..metrics import OperatorMetrics
 from .coalesce import Coalescer
 from .kube import Kube
 
@@ -33,6 +34,7 @@ class OperatorState:
     tables: dict[str, RoutingTable] = field(default_factory=dict)  # by namespace, as last written
     statuses: Coalescer = field(default_factory=lambda: Coalescer(0.1))
     routing: Coalescer = field(default_factory=lambda: Coalescer(0.1))
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """A deleted InferenceModel leaves nothing behind in memory either."""
@@ -40,3 +42,4 @@ class OperatorState:
             by_key.pop((namespace, name), None)
         self.histories.pop(uid, None)
         self.drains.pop(uid, None)
+        self.metrics.forget_model(namespace, name)
