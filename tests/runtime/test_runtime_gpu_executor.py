@@ -245,7 +245,8 @@ def test_cuda_graph_decode_matches_eager_and_memory_is_sized(tiny_model_dir):
     prompts = [[100 + i] * (5 + 7 * i) for i in range(5)]
     outputs = []
     for eager in (True, False):
-        llm = LLM(str(tiny_model_dir), device="cuda", dtype="bfloat16", enforce_eager=eager, max_num_seqs=8)
+        llm = LLM(str(tiny_model_dir), device="cuda", dtype="bfloat16", enforce_eager=eager, max_num_seqs=8,
+                  kv_cache_memory="1GiB")
         assert (llm.engine.runner.graphs is None) == eager
         outputs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)])
     assert outputs[0] == outputs[1]

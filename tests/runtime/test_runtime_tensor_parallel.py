@@ -3,6 +3,7 @@ outputs must match one process token for token."""
 import random
 
 import pytest
+import torch
 
 from sluice_runtime.engine.llm import LLM
 from sluice_runtime.engine.sampling_params import SamplingParams
@@ -26,8 +27,10 @@ def test_two_ranks_over_gloo_match_one_rank(tiny_model_dir):
     params = [SamplingParams(max_tokens=12, temperature=0 if i % 2 else 1.0, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
     args = dict(block_size=4, num_kv_blocks=200, max_num_batched_tokens=48, max_num_seqs=4, max_model_len=256)
+    threads = torch.get_num_threads()
     single, single_embedding = _run(str(tiny_model_dir), 1, prompts, params, **args)
     sharded, sharded_embedding = _run(str(tiny_model_dir), 2, prompts, params, **args)
+    assert torch.get_num_threads() == threads  # rank 0 gave the cores it shared with its worker back
     assert sharded == single
     assert sharded_embedding == pytest.approx(single_embedding, abs=1e-5)
 

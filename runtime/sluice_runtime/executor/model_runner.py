@@ -93,10 +93,11 @@ class ModelRunner:
         self.device = _device(config.device, rank, self.tp.size)
         self.dtype = DTYPES[config.dtype]
         self.workers: distributed.WorkerGroup | None = None
+        self.num_threads = torch.get_num_threads()
         if self.tp.size > 1 and rank == 0:
             self.workers = distributed.WorkerGroup(run_worker, (model_dir, config), self.tp.size)
             port = self.workers.port
-            weakref.finalize(self, _shut_down, self.workers)
+            weakref.finalize(self, self.workers.close)
         try:
             self._start(model_dir, port)
         except BaseException:
@@ -294,15 +295,12 @@ class ModelRunner:
                     self._embed(payload)
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (rank 0) and leave the process group."""
+        """Stop the tensor-parallel workers (rank 0), leave the process group, give the cores back."""
         if self.workers is not None:
             self.workers.close()
         if self.tp.size > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-
-
-def _shut_down(workers: distributed.WorkerGroup) -> None:
-    workers.close()
+        torch.set_num_threads(self.num_threads)
 
 
 def run_worker(model_dir: Path, config: RunnerConfig, rank: int, port: int, pipe) -> None:

@@ -248,7 +248,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """
     num_seqs = query_lens.shape[0]
     num_heads, dim = q.shape[1], q.shape[2]
-    block_m = 64
+    # float32 tiles take twice the shared memory; halve them to fit GPUs with less than an H100's.
+    block_m = 64 if q.element_size() < 4 else 32
     grid = (num_seqs, num_heads, triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](q, k_cache, v_cache, out, block_tables, query_starts, query_lens, context_lens,
                           scale * 1.4426950408889634, sliding_window or 0,
