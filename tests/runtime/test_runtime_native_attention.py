@@ -48,3 +48,8 @@ def test_unsupported_head_size_is_refused_not_miscomputed():
     q, k_cache, v_cache, tables, lens = paged_case([5], 2, 2, 96, 16, torch.float32)
     with pytest.raises(ValueError, match="head size 96"):
         native_cpu.paged_decode(q, k_cache, v_cache, tables, lens, 16, None, 0.1)
+
+
+def test_loading_the_kernel_leaves_the_process_float_environment_alone():
+    native_cpu.load_library()
+    assert 1e-310 * 1.0 != 0.0, "subnormals are flushed to zero: the library changed the FPU mode"
