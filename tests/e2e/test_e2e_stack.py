@@ -34,6 +34,10 @@ WEATHER_TOOL = {
     },
 }
 LONG_STREAM = "Count from 1 to 300, one number per line. ({n})"
+# Long enough that streams started before the autoscaler's drain mark still run when the pod is deleted a
+# tick later, short enough to end within its drain (30 s grace less the 5 s preStop and a margin: a 256-token
+# stream here outlasts it and is cut, as designed); six stay under the KV-cache target, so it scales down.
+TRICKLE_TOKENS = 160
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +201,8 @@ def test_5_autoscaling_up_under_a_burst_and_down_after_the_window(stack, record_
     assert _spec_replicas(stack, "smollm2") == 1
     (first,) = stack.model_pods("smollm2")
     with stack.record_model("smollm2") as model, stack.record_pods("sluice.dev/inference-model=smollm2") as pods:
-        burst = stack.load("chat", concurrency=16, max_tokens=64, stream=True, ignore_eos=True,
+        # Short streams, many at once: four run per replica, the rest queue, and the queue is what scales.
+        burst = stack.load("chat", concurrency=16, max_tokens=24, stream=True, ignore_eos=True,
                            prompt=LONG_STREAM).start()
         started = time.monotonic()
         (up,) = wait_for(lambda: _decisions(model, "ScaleUp"), timeout=60, what="a ScaleUp decision in status")
@@ -210,12 +215,13 @@ def test_5_autoscaling_up_under_a_burst_and_down_after_the_window(stack, record_
                  what="the second replica to take requests")
         record_property("second_replica_serving_s", round(time.monotonic() - started, 1))
         calm = burst.halt()
-
-        # Light load through the scale-down: long streams on both replicas (bounded-load affinity puts at
-        # least one on each), so the replica removed has some in flight.
-        trickle = stack.load("chat", concurrency=4, max_tokens=160, stream=True, ignore_eos=True,
-                             prompt=LONG_STREAM).start()
         burst_results = burst.stop()
+
+        # Light load through the scale-down: long streams on both replicas (started with nothing else in
+        # flight, bounded-load affinity puts at least two of six on each), so the replica removed has some
+        # in flight; KV-cache usage and queues stay below the targets, so the autoscaler still shrinks.
+        trickle = stack.load("chat", concurrency=6, max_tokens=TRICKLE_TOKENS, stream=True, ignore_eos=True,
+                             prompt=LONG_STREAM).start()
         (down,) = wait_for(lambda: _decisions(model, "ScaleDown"), timeout=120, what="a ScaleDown decision in status")
         deleted = wait_for(lambda: _first(pods, lambda p: p["metadata"].get("deletionTimestamp")), timeout=30,
                            what="a replica's deletion")
@@ -241,7 +247,7 @@ def test_5_autoscaling_up_under_a_burst_and_down_after_the_window(stack, record_
                  and log.get(r.request_id, {}).get("endpoint") == victim_url]
     record_property("streams_in_flight_on_removed_replica", len(in_flight))
     assert in_flight, "no stream was in flight on the removed replica, so its drain was not exercised"
-    assert all(r.finish_reason == "length" and r.completion_tokens == 160 for r in in_flight), in_flight
+    assert all(r.finish_reason == "length" and r.completion_tokens == TRICKLE_TOKENS for r in in_flight), in_flight
 
     messages = [e["message"] for e in stack.events("smollm2", "Scaled")]
     assert any(m.startswith("1 → 2 replicas") and "waiting" in m for m in messages), messages
