@@ -53,6 +53,7 @@ class ContainerRun:
     last_exit: dict | None = None
     finished: dict | None = None
     config_error: str | None = None
+    pod_ip: str | None = None  # the address the process was started with ($(POD_IP) in its argv and env)
 
     @property
     def running(self) -> bool:
@@ -168,6 +169,7 @@ class PodRunner(threading.Thread):
 
     def _start(self, run: ContainerRun) -> None:
         now = time.monotonic()
+        pod = self.pod  # one version throughout: the watch thread may swap in a newer one meanwhile
         try:
             # Resolved at every start, as the kubelet does: a ConfigMap created late is picked up on retry.
             if not self._volumes_ready:
@@ -178,7 +180,7 @@ class PodRunner(threading.Thread):
                 mounts, self.launcher.cluster, self.key[0], self.volumes.root / f"kubeconfig-{run.spec['name']}"
             )
             run.process = podspec.process_spec(
-                self.pod, run.spec, self.launcher.read_object, self.launcher.venv_bin, dict(os.environ),
+                pod, run.spec, self.launcher.read_object, self.launcher.venv_bin, dict(os.environ),
                 mounts=mounts, kubeconfig=kubeconfig,
             )
             run.readiness = ProbeState.start(run.spec.get("readinessProbe"), run.spec, now)
@@ -202,6 +204,7 @@ class PodRunner(threading.Thread):
             run.restart_at = now + CONFIG_RETRY_SECONDS
             return
         run.config_error = None
+        run.pod_ip = pod["status"]["podIP"]
         run.started_at = _now()
         run.finished = None
         self._event("Normal", "Started", f"container {run.spec['name']}: started {run.process.argv[0]} as pid {run.popen.pid}")
@@ -240,6 +243,9 @@ class PodRunner(threading.Thread):
             if run.popen.poll() is not None:
                 self._exited(run)
                 continue
+            if run.pod_ip != pod_ip:
+                self._readdressed(run, pod_ip)
+                continue
             if run.startup and not run.startup.passed:
                 if self._probe(run, run.startup, "Startup", pod_ip):
                     self._terminate(run)
@@ -249,6 +255,17 @@ class PodRunner(threading.Thread):
                 continue
             if run.readiness:
                 self._probe(run, run.readiness, "Readiness", pod_ip)
+
+    def _readdressed(self, run: ContainerRun, pod_ip: str) -> None:
+        """kwok can give a pod a second address right after the first (two runs of its stage racing on a stale
+        copy of the pod); a process started on the first would never pass a probe on the second, so it starts
+        again at once on the address the pod has now, as the kubelet recreates a changed sandbox."""
+        self._event("Normal", "SandboxChanged",
+                    f"container {run.spec['name']}: pod IP changed from {run.pod_ip} to {pod_ip}; starting it again")
+        os.killpg(run.popen.pid, signal.SIGKILL)
+        run.popen.wait()
+        run.popen = None
+        run.restart_at = 0.0
 
     def _probe(self, run: ContainerRun, probe: ProbeState, kind: str, pod_ip: str) -> bool:
         """Runs a due probe; True when it just failed for good (an event says why)."""

@@ -279,3 +279,20 @@ def test_a_deleted_pod_no_launcher_runs_goes_when_its_grace_period_ends(kube_clu
     kube_cluster.kubectl("delete", "pod", "orphan", "-n", kube_namespace, "--wait=false")
     kube_cluster.kubectl("wait", "-n", kube_namespace, "--for=delete", "pod/orphan", "--timeout=30s")
     assert time.monotonic() - started >= 2, "kwok removed a launched pod before its grace period was over"
+
+
+def test_a_pod_given_a_new_address_gets_its_process_started_again_on_it(kube_cluster, kube_namespace, launcher, tmp_path):
+    """kwok sometimes runs its stage twice on a new pod and hands out a second IP right after the first."""
+    gate = tmp_path / "ready"
+    gate.touch()
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_gated_server_deployment("moved", gate))
+    kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/moved", "--timeout=60s")
+    pod = _pods(kube_cluster, kube_namespace, "app=moved")[0]
+    old_ip = pod["status"]["podIP"]
+    first = _wait_for(lambda: _get(f"http://{old_ip}:{PORT}/"), what="the process on the first address")
+    new_ip = "127.1.0.250"
+    kube_cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", kube_namespace, "--subresource=status",
+                         "--type=merge", "-p", json.dumps({"status": {"podIP": new_ip, "podIPs": [{"ip": new_ip}]}}))
+    second = _wait_for(lambda: _get(f"http://{new_ip}:{PORT}/"), timeout=30, what="the process on the new address")
+    assert second["bound_to"] == new_ip and second["pid"] != first["pid"] and not _alive(first["pid"])
+    assert any(reason == "SandboxChanged" for reason, _ in _events(kube_cluster, kube_namespace, pod["metadata"]["name"]))
