@@ -34,8 +34,13 @@ class ModelInfo:
     hidden_size: int
 
 
+def sluice_cache_dir() -> Path:
+    """Where Sluice keeps what it builds once per machine: converted models, compiled kernels."""
+    return Path(os.environ.get("SLUICE_CACHE_DIR", Path.home() / ".cache" / "sluice"))
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("SLUICE_CACHE_DIR", Path.home() / ".cache" / "sluice")) / "models"
+    return sluice_cache_dir() / "models"
 
 
 def resolve_model(model: str) -> Path:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ...models.loading import sluice_cache_dir
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode_cpu.cpp")
@@ -34,7 +36,7 @@ ENV_SWITCH = "SLUICE_NATIVE_KERNELS"
 
 
 def kernel_cache_dir() -> Path:
-    return Path(os.environ.get("SLUICE_CACHE_DIR", Path.home() / ".cache" / "sluice")) / "kernels"
+    return sluice_cache_dir() / "kernels"
 
 
 @functools.cache
