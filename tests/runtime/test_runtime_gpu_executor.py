@@ -121,10 +121,10 @@ def test_gpu_flags_parse_and_validate():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_device_without_cuda_is_a_clear_load_error(tiny_model_dir):
-    from sluice_runtime.executor.model_runner import ModelRunner, RunnerConfig
+    from sluice_runtime.executor.model_runner import ModelRunner
 
     with pytest.raises(ModelLoadError, match="--device cuda, but torch sees no CUDA device"):
-        ModelRunner(tiny_model_dir, RunnerConfig(device="cuda"))
+        ModelRunner(tiny_model_dir, EngineConfig(device="cuda"))
 
 
 # -- sampling on the device -----------------------------------------------------------------------

@@ -30,8 +30,8 @@ def paged_case(lengths, num_heads, num_kv_heads, head_dim, block_size, dtype, se
 
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 2, 128)])
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 2, 128), (20, 2, 64)])
+@pytest.mark.parametrize("block_size", [4, 16, 32])
 @pytest.mark.parametrize("window", [None, 40])
 def test_native_decode_matches_reference(dtype, tolerance, num_heads, num_kv_heads, head_dim, block_size, window):
     lengths = [1, 15, 16, 17, 100, 333]

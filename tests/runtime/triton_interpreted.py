@@ -157,10 +157,11 @@ def test_padded_graph_decode_matches_eager(tiny_model_dir):
     """The CUDA-graph decode path (static buffers, padding to the ladder) on the CPU, replayed eagerly."""
     from sluice_runtime.engine.sampling_params import SamplingParams
     from sluice_runtime.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
-    from sluice_runtime.executor.model_runner import BatchItem, ModelRunner, RunnerConfig, StepInputs
+    from sluice_runtime.engine.config import EngineConfig
+    from sluice_runtime.executor.model_runner import BatchItem, ModelRunner, StepInputs
     from sluice_runtime.executor.sampler import SampleRequest
 
-    runner = ModelRunner(tiny_model_dir, RunnerConfig(attention_backend="triton", block_size=4, num_kv_blocks=64,
+    runner = ModelRunner(tiny_model_dir, EngineConfig(attention_backend="triton", block_size=4, num_kv_blocks=64,
                                                       max_num_seqs=4, max_model_len=128))
     greedy = SamplingParams(temperature=0)
     prompts = [p[:n] for p, n in zip(_prompts(1), (9, 14, 3))]

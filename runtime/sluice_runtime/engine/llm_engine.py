@@ -5,9 +5,9 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from ..executor.model_runner import BatchItem, ModelRunner, RunnerConfig
+from ..executor.model_runner import BatchItem, ModelRunner
 from ..executor.sampler import SampleRequest, SampleResult
 from ..models.loading import ModelInfo, resolve_model, validate_model_dir
 from .block_manager import BlockManager
@@ -49,7 +49,7 @@ class LLMEngine:
         model_dir = resolve_model(config.model)
         raw_config = validate_model_dir(model_dir)
         self.tokenizer = load_tokenizer(model_dir)
-        self.runner = ModelRunner(model_dir, RunnerConfig(**{f.name: getattr(config, f.name) for f in fields(RunnerConfig)}))
+        self.runner = ModelRunner(model_dir, config)
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..engine.config import EngineConfig
 from ..layers.linear import TensorParallel
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
@@ -34,27 +35,6 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_CPU_KV_CACHE = 1 << 30
-
-
-@dataclass
-class RunnerConfig:
-    """The engine settings the executor uses (picklable: tensor-parallel workers get a copy)."""
-
-    dtype: str = "float32"
-    device: str = "cpu"
-    block_size: int = 16
-    # The replica's KV-cache budget, all ranks together; None: 1 GiB on the CPU, on CUDA whatever
-    # --gpu-memory-utilization leaves.
-    kv_cache_memory: int | None = None
-    num_kv_blocks: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 1024
-    attention_backend: str = "auto"
-    enforce_eager: bool = False
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    seed: int = 0
 
 
 @dataclass
@@ -79,7 +59,7 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model_dir: Path, config: RunnerConfig, rank: int = 0, port: int | None = None):
+    def __init__(self, model_dir: Path, config: EngineConfig, rank: int = 0, port: int | None = None):
         self.config = config
         self.rank = rank
         self.cfg = ModelConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
@@ -303,7 +283,7 @@ class ModelRunner:
         torch.set_num_threads(self.num_threads)
 
 
-def run_worker(model_dir: Path, config: RunnerConfig, rank: int, port: int, pipe) -> None:
+def run_worker(model_dir: Path, config: EngineConfig, rank: int, port: int, pipe) -> None:
     """Entry point of tensor-parallel rank `rank` (a spawned process)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s tp-rank{rank} %(name)s: %(message)s")
     pipe.send(distributed.WorkerGroup.STARTED)

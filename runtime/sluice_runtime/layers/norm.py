@@ -1,6 +1,8 @@
 import torch
 from torch import nn
 
+from . import fused_cpu
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -8,7 +10,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x); with `residual` (the layer's skip stream), adds x to it first and returns
+        (norm(x + residual), x + residual), so the add and the norm can be one native pass."""
+        if (fused_cpu.applies(x.dtype, x.device) and self.weight.dtype == x.dtype and x.dim() == 2
+                and x.shape[-1] <= fused_cpu.MAX_HIDDEN):
+            out = fused_cpu.rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, residual)
+        if residual is None:
+            return self._norm(x)
+        residual = x + residual
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in float32 and cast back before the scale, as the reference implementation does,
         # so greedy outputs match it token for token.
         dtype = x.dtype

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from . import fused_cpu
 
 
 def _inverse_frequencies(head_dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
@@ -56,13 +59,30 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
         self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for `positions`, shaped to broadcast over heads; computed once per forward."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> "Rope":
+        """What every layer of one forward needs to rotate its queries and keys."""
+        if fused_cpu.applies(dtype, positions.device):
+            return Rope(positions, self.cos, self.sin, fused=True)
+        return Rope(positions, self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """q: [T, Hq, D], k: [T, Hk, D]; cos, sin: [T, 1, D]."""
+@dataclass
+class Rope:
+    positions: torch.Tensor
+    # fused: the float32 [max_positions, D] tables, indexed natively by position; otherwise cos and
+    # sin already gathered for the positions, [T, 1, D] in the model's dtype.
+    cos: torch.Tensor
+    sin: torch.Tensor
+    fused: bool = False
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, rope: Rope):
+    """q: [T, Hq, D], k: [T, Hk, D] (views with any row stride when fused, which rotates in place)."""
+    if rope.fused:
+        for x in (q, k):
+            fused_cpu.rotary_(x, x.shape[1], x.shape[2], rope.positions, rope.cos, rope.sin)
+        return q, k
+    cos, sin = rope.cos, rope.sin
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

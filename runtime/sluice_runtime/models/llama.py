@@ -41,7 +41,7 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+        q, k = apply_rotary(q, k, rope)
         k_cache, v_cache = kv_cache if kv_cache is not None else (None, None)
         out = backend.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
@@ -68,9 +68,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg, tp)
 
-    def forward(self, x, rope, backend, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), rope, backend, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, backend, meta, kv_cache):
+        """x: the previous layer's output, residual: the skip stream before it (None at layer 0);
+        returns the same pair, so each residual add happens inside the next norm."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, backend, meta, kv_cache)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -89,9 +96,10 @@ class LlamaForCausalLM(nn.Module):
                       kv_caches: list | None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
+        residual = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, backend, meta, kv_caches[i] if kv_caches else None)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, backend, meta, kv_caches[i] if kv_caches else None)
+        return self.norm(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -13,7 +13,7 @@ from .logprobs import LogprobFormatter
 from .normalize import GenerationRequest
 from .protocol import ChatChoice, ChatCompletionResponse, ChoiceLogprobs, ResponseMessage, Usage
 from .request_log import RequestRecord
-from .sse import DONE, SSEResponse, error_event, event
+from .sse import DONE, SSEResponse, event, usage_event
 from .tool_calls import ParsedCall, ToolCallParser
 
 
@@ -127,11 +127,9 @@ class ChatServing:
                     yield chunk([{"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": None}])
                 if c.finished:
                     done.add(c.index)
-                    failure = self._runner.failure(c.finish_reason)
-                    if failure is not None:
-                        record.error_code = failure.code
-                        yield error_event(failure)
-                        yield DONE
+                    closing = self._runner.stream_failure(c.finish_reason, record)
+                    if closing is not None:
+                        yield closing
                         return
                     reason = "tool_calls" if parser is not None and parser.calls else c.finish_reason
                     yield chunk([{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
@@ -142,7 +140,5 @@ class ChatServing:
             else:
                 item = await stream.__anext__()
         if greq.include_usage:
-            yield event({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                         "completion_tokens": completion_tokens,
-                                                         "total_tokens": prompt_tokens + completion_tokens}})
+            yield usage_event(base, prompt_tokens, completion_tokens)
         yield DONE

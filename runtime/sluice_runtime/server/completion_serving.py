@@ -13,7 +13,7 @@ from .logprobs import LogprobFormatter
 from .normalize import GenerationRequest
 from .protocol import CompletionChoice, CompletionLogprobs, CompletionResponse, Usage
 from .request_log import RequestRecord
-from .sse import DONE, SSEResponse, error_event, event
+from .sse import DONE, SSEResponse, event, usage_event
 
 
 
@@ -112,11 +112,9 @@ class CompletionServing:
                                                       "finish_reason": None}]})
                 if c.finished:
                     done.add(index)
-                    failure = self._runner.failure(c.finish_reason)
-                    if failure is not None:
-                        record.error_code = failure.code
-                        yield error_event(failure)
-                        yield DONE
+                    closing = self._runner.stream_failure(c.finish_reason, record)
+                    if closing is not None:
+                        yield closing
                         return
                     yield event({**base, "choices": [{"index": index, "text": "", "logprobs": None,
                                                       "finish_reason": c.finish_reason}]})
@@ -125,7 +123,5 @@ class CompletionServing:
         if greq.include_usage:
             prompt_tokens = sum(len(p) for p in greq.prompts)
             completion_tokens = record.completion_tokens or 0
-            yield event({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                         "completion_tokens": completion_tokens,
-                                                         "total_tokens": prompt_tokens + completion_tokens}})
+            yield usage_event(base, prompt_tokens, completion_tokens)
         yield DONE

@@ -97,6 +97,14 @@ class GenerationRunner:
                             type="server_error", code="engine_error")
         return None
 
+    def stream_failure(self, finish_reason: str | None, record: RequestRecord) -> str | None:
+        """The closing frames of a stream whose choice ended without a result (error event, [DONE]), or None."""
+        failure = self.failure(finish_reason)
+        if failure is None:
+            return None
+        record.error_code = failure.code
+        return error_event(failure) + DONE
+
     def account(self, out: RequestOutput, record: RequestRecord, last_seen: dict[str, float]) -> None:
         """Metrics and log fields for one engine output; `last_seen` keeps token arrival times per request."""
         now = time.monotonic()

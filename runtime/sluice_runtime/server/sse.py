@@ -14,6 +14,13 @@ def event(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def usage_event(base: dict, prompt_tokens: int, completion_tokens: int) -> str:
+    """The trailing chunk of `stream_options.include_usage`: no choices, the request's token counts."""
+    return event({**base, "choices": [], "usage": {"prompt_tokens": prompt_tokens,
+                                                   "completion_tokens": completion_tokens,
+                                                   "total_tokens": prompt_tokens + completion_tokens}})
+
+
 def error_event(err: APIError) -> str:
     """A failure after the 200 status went out: an `error` object, which OpenAI clients raise as an APIError."""
     return event(err.body())

@@ -1,0 +1,52 @@
+"""bfloat16 RMSNorm (with the residual add) and rotary embedding on the CPU, each one native pass
+(fused_cpu.cpp) instead of several torch kernels.
+
+Only for bfloat16 CPU tensors: float32 stays on the torch code, which reproduces transformers'
+arithmetic operation for operation, so greedy outputs match it token for token; GPUs keep torch
+(and CUDA graphs capture it).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from .. import native_build
+
+SOURCE = Path(__file__).with_name("fused_cpu.cpp")
+# The norm keeps one float32 row on the stack.
+MAX_HIDDEN = 16384
+
+_pointer = ctypes.c_void_p
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    return native_build.load(SOURCE, "fused CPU layer ops")
+
+
+def applies(dtype: torch.dtype, device: torch.device) -> bool:
+    return dtype == torch.bfloat16 and device.type == "cpu" and _library() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None) -> torch.Tensor:
+    """weight * norm(x), or with a residual: residual += x in place, then weight * norm(residual)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _library().sluice_rms_norm_bf16(
+        _pointer(x.data_ptr()), _pointer(residual.data_ptr() if residual is not None else None),
+        _pointer(weight.data_ptr()), _pointer(out.data_ptr()), ctypes.c_long(x.shape[0]),
+        ctypes.c_int(x.shape[1]), ctypes.c_float(eps))
+    return out
+
+
+def rotary_(qkv: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> None:
+    """Rotates the first `heads` heads (queries, then keys) of each row of `qkv` in place; cos and
+    sin are the float32 [max_positions, head_dim] tables."""
+    _library().sluice_rotary_bf16(
+        _pointer(qkv.data_ptr()), ctypes.c_long(qkv.shape[0]), ctypes.c_long(qkv.stride(0)), ctypes.c_int(heads),
+        ctypes.c_int(head_dim), _pointer(positions.data_ptr()), _pointer(cos.data_ptr()),
+        _pointer(sin.data_ptr()))
