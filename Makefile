@@ -45,7 +45,7 @@ bench-engine: install
 
 # A fresh runtime on a free port at concurrency 32, against the offline engine in the same run.
 bench-serve: install
-	$(PY) bench/serve_bench.py --start-server --compare-offline --max-concurrency 32 --num-prompts 32 --rounds 2
+	$(PY) bench/serve_bench.py --start-server --compare-offline --max-concurrency 32 --num-prompts 32 --rounds 3
 
 # Installs LiteLLM (pinned) into its own venv under /tmp on first use; never part of `make test`.
 bench-gateway: install

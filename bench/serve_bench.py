@@ -154,7 +154,7 @@ class OfflineEngine:
         from sluice_runtime.engine.sampling_params import SamplingParams
 
         batch = min(args.max_concurrency or 256, 256)
-        self._llm = LLM(args.model, max_num_seqs=batch, max_num_batched_tokens=max(1024, batch))
+        self._llm = LLM(args.model, dtype=args.dtype, max_num_seqs=batch, max_num_batched_tokens=max(1024, batch))
         self._params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
         self._llm.generate(["warm-up"], SamplingParams(max_tokens=2), use_tqdm=False)
 
@@ -180,8 +180,8 @@ def start_server(args) -> subprocess.Popen:
     command = [str(script)] if script.exists() else [sys.executable, "-m", "sluice_runtime.cli"]
     log = Path(tempfile.mkstemp(prefix="serve-bench-", suffix=".log")[1])
     out = log.open("w")
-    process = subprocess.Popen(command + ["serve", "--model", args.model, "--host", "127.0.0.1", "--port", "0",
-                                          "--max-num-seqs", str(min(args.max_concurrency or 256, 256))],
+    process = subprocess.Popen(command + ["serve", "--model", args.model, "--dtype", args.dtype, "--host", "127.0.0.1",
+                                          "--port", "0", "--max-num-seqs", str(min(args.max_concurrency or 256, 256))],
                                stdout=out, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -202,6 +202,8 @@ def print_table(args, serve: dict, offline: dict | None) -> None:
             ("Request throughput (req/s)", f"{serve['request_throughput']:.2f}"),
             ("Output token throughput (tok/s)", f"{serve['output_throughput']:.1f}"),
             ("Total token throughput (tok/s)", f"{serve['total_token_throughput']:.1f}")]
+    if "client_cpu_cores" in serve:
+        rows.append(("Load generator CPU (cores busy)", f"{serve['client_cpu_cores']:.2f}"))
     for name in ("ttft_ms", "tpot_ms", "itl_ms"):
         for stat in ("mean", "median", "p99"):
             rows.append((f"{stat.capitalize()} {name[:-3].upper()} (ms)", f"{serve[name][stat]:.1f}"))
@@ -253,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="repeat the measurement; with --compare-offline the two alternate, which evens out "
                              "a machine whose background load drifts")
     parser.add_argument("--start-server", action="store_true", help="start sluice-runtime on a free port first")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                        help="with --start-server: the server's and the offline engine's dtype")
     parser.add_argument("--compare-offline", action="store_true",
                         help="also run the prompts through the offline engine API (needs --start-server)")
     parser.add_argument("--result-json", type=Path, default=RESULTS / "serve_bench.json")
@@ -269,18 +273,30 @@ def main(argv: list[str] | None = None) -> int:
     if tokenizer_path is None:
         from sluice_runtime.models.loading import resolve_model
         tokenizer_path = str(resolve_model(args.model))
-    prompts = make_prompts(AutoTokenizer.from_pretrained(tokenizer_path), args.num_prompts, args.input_len, args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    # Fresh prompts for every round (and the warm-up): a repeated prompt would be a prefix-cache hit
+    # and skip its prefill, on the server and in the offline engine alike.
+    prompt_sets = [make_prompts(tokenizer, args.num_prompts, args.input_len, args.seed + i)
+                   for i in range(args.rounds + 1)]
 
     # Loaded before the server starts; while one side runs the other is idle, so they never share the CPU.
     offline_engine = OfflineEngine(args) if args.compare_offline else None
     server = start_server(args) if args.start_server else None
     rounds = []
     try:
-        # Warm-up requests are not measured: they fill caches and start the connection pool.
-        asyncio.run(run_load(argparse.Namespace(**{**vars(args), "request_rate": float("inf")}), prompts[:2]))
-        for _ in range(args.rounds):
+        # One whole unmeasured round on each side first: the first full batch touches the KV cache
+        # and activation memory for the first time, which made round 1 half as fast as round 2.
+        warm_up, *measured = prompt_sets
+        asyncio.run(run_load(argparse.Namespace(**{**vars(args), "request_rate": float("inf")}), warm_up))
+        if offline_engine:
+            offline_engine.run(warm_up)
+        for prompts in measured:
+            cpu_before = time.process_time()
             results, duration = asyncio.run(run_load(args, prompts))
             serve = summarize(results, duration)
+            # On a small machine the load generator shares the server's cores; what it used is
+            # part of what the server lost against the offline engine, which runs without it.
+            serve["client_cpu_cores"] = (time.process_time() - cpu_before) / duration
             offline = offline_engine.run(prompts) if offline_engine else None
             rounds.append({"serve": serve, "offline": offline})
             print_table(args, serve, offline)

@@ -111,21 +111,31 @@ class AsyncEngine:
                         self._wake.wait(timeout=0.5)
                         self._wake.clear()
                         continue
-                    for output in self.engine.step():
-                        self._deliver(output.request_id, output)
+                    self._deliver([(output.request_id, output) for output in self.engine.step()])
             except BaseException as exc:
                 log.exception("engine loop crashed")
                 self.error = exc
-                for request_id in list(self._streams):
-                    self._deliver(request_id, EngineDead(f"the engine loop crashed: {exc!r}"))
+                self._deliver([(request_id, EngineDead(f"the engine loop crashed: {exc!r}"))
+                               for request_id in list(self._streams)])
 
-    def _deliver(self, request_id: str, item) -> None:
-        target = self._streams.get(request_id)
-        if target is None:
-            return
-        loop, queue = target
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:
-            # The caller's event loop is closed; nobody is listening any more.
-            self.engine.abort(request_id)
+    def _deliver(self, items: list[tuple[str, object]]) -> None:
+        """Hands a step's outputs to their streams with one wake-up per event loop, not one per
+        request: each wake-up is a system call and a turn of the loop, taken from the CPU the
+        engine is computing on."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[str, asyncio.Queue, object]]] = {}
+        for request_id, item in items:
+            target = self._streams.get(request_id)
+            if target is not None:
+                by_loop.setdefault(target[0], []).append((request_id, target[1], item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:
+                # The callers' event loop is closed; nobody is listening any more.
+                for request_id, _, _ in batch:
+                    self.engine.abort(request_id)
+
+
+def _put_all(batch: list[tuple[str, asyncio.Queue, object]]) -> None:
+    for _, queue, item in batch:
+        queue.put_nowait(item)
