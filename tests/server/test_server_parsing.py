@@ -72,6 +72,22 @@ def test_unclosed_but_complete_call_still_counts():
     assert content == "" and calls[0].name == "add"
 
 
+@pytest.mark.parametrize("cut, name, arguments", [
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', "get_weather", '{"city": "Os'),
+    ('<tool_call>\n{"name": "add", "arguments": ', "add", ""),
+    ('<tool_call>\n{"name": "get_wea', None, None),
+    ("<tool_", None, None),
+])
+def test_a_forced_call_cut_short_is_a_truncated_call_never_markup(cut, name, arguments):
+    parser = ToolCallParser([WEATHER, ADD], forced=True)
+    shown, _ = parser.feed(cut)
+    tail, calls = parser.finish()
+    assert shown + tail == ""
+    assert [(c.name, c.arguments) for c in calls] == ([(name, arguments)] if name else [])
+    # Without a forced tool_choice the same text is the model's own words, kept as content.
+    assert parse_in_pieces(cut, 3)[:2] == (cut, [])
+
+
 def test_tools_prompt_lists_every_tool_and_the_format():
     prompt = tools_system_prompt([WEATHER, ADD])
     assert '"name": "get_weather"' in prompt and '"name": "add"' in prompt and "<tool_call>" in prompt

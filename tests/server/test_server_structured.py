@@ -95,6 +95,28 @@ def test_required_tool_choice_calls_one_of_the_tools(runtime_openai, seed):
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_by_max_tokens_reports_length_and_the_partial_call(runtime_openai, stream):
+    request = dict(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=20, temperature=0,
+                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    if stream:
+        chunks = [c for c in runtime_openai.chat.completions.create(**request, stream=True) if c.choices]
+        deltas = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        content = "".join(c.choices[0].delta.content or "" for c in chunks)
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        name, arguments = deltas[0].function.name, "".join(d.function.arguments or "" for d in deltas)
+    else:
+        choice = runtime_openai.chat.completions.create(**request).choices[0]
+        content, reasons = choice.message.content or "", [choice.finish_reason]
+        (call,) = choice.message.tool_calls
+        name, arguments = call.function.name, call.function.arguments
+    assert reasons == ["length"]
+    assert "<tool_call>" not in content and not content.strip()
+    assert name == "get_weather" and arguments.startswith("{")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(arguments)  # cut short: what OpenAI returns too, a prefix of the arguments
+
+
 def test_tool_call_streams_as_tool_call_deltas(runtime_openai):
     chunks = list(runtime_openai.chat.completions.create(
         model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=80,

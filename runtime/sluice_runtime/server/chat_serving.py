@@ -18,6 +18,11 @@ from .tool_calls import ParsedCall, ToolCallParser
 
 
 
+def _finish_reason(engine_reason: str | None, made_calls: bool) -> str | None:
+    """"tool_calls" when the model ended on its calls; a call cut short by max_tokens stays "length"."""
+    return "tool_calls" if made_calls and engine_reason != "length" else engine_reason
+
+
 def _tool_calls(calls: list[ParsedCall], first_index: int = 0) -> list[dict]:
     return [{"index": first_index + k, "id": c.id, "type": "function",
              "function": {"name": c.name, "arguments": c.arguments}} for k, c in enumerate(calls)]
@@ -66,7 +71,7 @@ class ChatServing:
                 raise failure
             content, calls = c.text, []
             if greq.tool_use is not None:
-                parser = ToolCallParser(greq.tool_use.tools)
+                parser = ToolCallParser(greq.tool_use.tools, greq.tool_use.forced)
                 head, _ = parser.feed(c.text)
                 tail, _ = parser.finish()
                 content, calls = head + tail, parser.calls
@@ -76,7 +81,7 @@ class ChatServing:
             if greq.logprobs is not None:
                 lp = ChoiceLogprobs(content=self._logprobs.chat(logprobs[index], greq.logprobs))
             choices.append(ChatChoice(index=index, message=message, logprobs=lp,
-                                      finish_reason="tool_calls" if calls else c.finish_reason))
+                                      finish_reason=_finish_reason(c.finish_reason, bool(calls))))
         completion_tokens = sum(len(c.token_ids) for c in final.values())
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                       total_tokens=prompt_tokens + completion_tokens)
@@ -94,7 +99,8 @@ class ChatServing:
         def chunk(choices: list[dict]) -> str:
             return event({**base, "choices": choices})
 
-        parsers = [ToolCallParser(greq.tool_use.tools) if greq.tool_use else None for _ in range(n)]
+        parsers = [ToolCallParser(greq.tool_use.tools, greq.tool_use.forced) if greq.tool_use else None
+                   for _ in range(n)]
         last_seen: dict[str, float] = {}
         prompt_tokens = completion_tokens = 0
         done: set[int] = set()
@@ -131,7 +137,7 @@ class ChatServing:
                     if closing is not None:
                         yield closing
                         return
-                    reason = "tool_calls" if parser is not None and parser.calls else c.finish_reason
+                    reason = _finish_reason(c.finish_reason, parser is not None and bool(parser.calls))
                     yield chunk([{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": reason}])
             if out.finished:
                 prompt_tokens = len(out.prompt_token_ids)

@@ -17,6 +17,7 @@ constrained by a grammar (see structured_output), so it is always exactly one va
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -86,16 +87,31 @@ def _parse_call(body: str, known: set[str]) -> ParsedCall | None:
     return ParsedCall(new_call_id(), value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
+# The grammar of a forced call writes {"name": "...", "arguments": {...}} in this layout.
+_FORCED_NAME = re.compile(r'^\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+
+
+def _truncated_call(body: str, known: set[str]) -> ParsedCall | None:
+    """A forced call cut short by max_tokens: its name and the arguments as far as they got, as
+    OpenAI reports a call that ran out of tokens (finish_reason "length")."""
+    match = _FORCED_NAME.match(body)
+    if match is None or match.group(1) not in known:
+        return None
+    return ParsedCall(new_call_id(), match.group(1), body[match.end():])
+
+
 class ToolCallParser:
     """Splits model output, fed in pieces, into plain content and completed tool calls.
 
     Text that might be the start of `<tool_call>` is held back until it is clear, so a streamed
     client never sees half a marker. A block that does not hold a valid call of a known function
-    is passed through as content rather than dropped.
+    is passed through as content rather than dropped, except under a forced tool_choice, where
+    the output is only ever a call: a truncated one is reported as such, never as markup.
     """
 
-    def __init__(self, tools: list[Tool]):
+    def __init__(self, tools: list[Tool], forced: bool = False):
         self._known = {t.function.name for t in tools}
+        self._forced = forced
         self._buffer = ""
         self._in_call = False
         self.calls: list[ParsedCall] = []
@@ -133,9 +149,14 @@ class ToolCallParser:
         """Flush at the end of output: an unclosed call still counts if its JSON is complete."""
         rest, self._buffer = self._buffer, ""
         if not self._in_call:
-            return rest, []
+            # A forced call stopped inside its opening marker: nothing of it is content.
+            return ("" if self._forced and CALL_OPEN.startswith(rest) else rest), []
         self._in_call = False
         call = _parse_call(rest.strip(), self._known)
+        if call is None and self._forced:
+            call = _truncated_call(rest.strip(), self._known)
+            if call is None:
+                return "", []
         if call is None:
             return CALL_OPEN + rest, []
         self.calls.append(call)
