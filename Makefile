@@ -26,7 +26,7 @@ run: install
 	  echo; echo 'Sluice is up: runtime on :8000, gateway on :8080. Through the gateway:'; \
 	  echo '  curl http://127.0.0.1:8080/v1/chat/completions -H "Authorization: Bearer sk-sluice-demo" -H "Content-Type: application/json" -d "{\"model\": \"smollm2\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}"'; echo ) & ready=$$!; \
 	trap 'kill $$gw $$ready 2>/dev/null' EXIT INT TERM; \
-	$(VENV)/bin/sluice-runtime serve --model smollm2 --port 8000 --print-examples
+	$(VENV)/bin/sluice-runtime serve --model smollm2 --dtype auto --port 8000 --print-examples
 
 test: install
 	$(PY) -m pytest -q -ra tests

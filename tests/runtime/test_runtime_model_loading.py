@@ -53,3 +53,19 @@ def test_corrupt_weights_are_reported_not_a_traceback(smollm2_dir, tmp_path):
     with pytest.raises(ModelLoadError, match="corrupt weight file") as err:
         LLMEngine(EngineConfig(model=str(model)))
     assert "\n" not in str(err.value)
+
+
+def test_auto_dtype_is_bfloat16_exactly_where_the_cpu_computes_it_natively():
+    import torch
+
+    from sluice_runtime.engine.llm import LLM
+    from sluice_runtime.executor.model_runner import resolve_dtype
+
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    expected = torch.bfloat16 if native else torch.float32
+    assert resolve_dtype("auto", torch.device("cpu")) == expected
+    llm = LLM("smollm2", dtype="auto", num_kv_blocks=16)
+    assert llm.engine.runner.dtype == expected
+    assert llm.engine.runner.kv_caches[0][0].dtype == expected
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, auto"):
+        LLM("smollm2", dtype="half")

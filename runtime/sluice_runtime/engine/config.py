@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 
 # The names executor.attention.BACKENDS accepts, repeated so parsing flags does not import torch.
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
@@ -55,7 +56,7 @@ class EngineConfig:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         checks = [
-            (self.dtype in ("float32", "bfloat16", "float16"), f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}"),
+            (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
             (self.block_size in (1, 2, 4, 8, 16, 32, 64, 128, 256), f"block size must be a power of two up to 256, got {self.block_size}"),
             (self.kv_cache_memory is None or self.kv_cache_memory > 0, "kv cache memory must be positive"),
             (self.num_kv_blocks is None or self.num_kv_blocks >= 1, f"num kv blocks must be at least 1, got {self.num_kv_blocks}"),
@@ -80,7 +81,9 @@ class EngineConfig:
         group = parser.add_argument_group("engine")
         group.add_argument("--model", default="smollm2",
                            help="'smollm2' (embedded default), a local HF model directory, or hf:ORG/NAME")
-        group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        group.add_argument("--dtype", default="float32", choices=DTYPES,
+                           help="weights, activations and KV cache; auto: bfloat16 where the hardware computes it "
+                                "natively (CUDA, CPUs with AVX512-BF16 or AMX), else float32 (float16 on old GPUs)")
         group.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
         group.add_argument("--block-size", type=int, default=16,
                            help="tokens per KV-cache block (rounded up to a multiple of 256 for flash-attn)")
