@@ -11,11 +11,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#ifdef __AVX512F__
 #include <immintrin.h>
+#define SLUICE_AVX512 1
+#ifdef __AVX512BF16__
 #define SLUICE_AVX512_BF16 1
+#endif
 #endif
 
 namespace {
@@ -148,7 +152,7 @@ void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int32_t*
     }
 }
 
-#ifdef SLUICE_AVX512_BF16
+#ifdef SLUICE_AVX512
 // Lane t of the result is the sum of the 16 lanes of rows[t]: a transposing tree, about three
 // instructions per row instead of a horizontal sum's eight.
 inline __m512 row_sums16(const __m512* rows) {
@@ -186,18 +190,55 @@ inline __m512 exp_nonpositive16(__m512 x) {
 
 inline __mmask16 first_lanes(int n) { return n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1u); }
 
-// The bfloat16 kernel for CPUs with AVX512-BF16. The generic kernel spends most of its time on
-// bookkeeping per block (online-softmax rescaling, horizontal sums, scalar exp), not on the dot
-// products; this one makes three passes per (sequence, kv head) instead: all scores (query times
-// key in bfloat16 pairs with float32 sums, vdpbf16ps, 16 keys' sums at once), one softmax over
-// them, then the weighted values with every query head's accumulator in registers (GROUP is a
-// compile-time constant for that). Same float32 arithmetic; only the summation order differs.
-template <int HEAD_DIM, int GROUP>
-void paged_decode_bf16_avx512(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                              const int32_t* block_tables, const int32_t* context_lens, int batch, int max_blocks,
-                              int num_kv_heads, int block_size, int window, float scale, uint16_t* out) {
-    constexpr int CHUNKS = HEAD_DIM / 32;  // 32 bfloat16 per register
-    constexpr int VECS = HEAD_DIM / 16;    // 16 float32 per register
+// How the three-pass kernel reads one element type: the query held in registers, the 16 partial
+// products of a key row with it, a value row as float32.
+template <typename T, int HEAD_DIM>
+struct Rows;
+
+template <int HEAD_DIM>
+struct Rows<float, HEAD_DIM> {
+    static constexpr int REGS = HEAD_DIM / 16;
+    using Reg = __m512;
+    static Reg query(const float* row, int r) { return _mm512_loadu_ps(row + 16 * r); }
+    static __m512 products(const Reg* query, const float* key) {
+        __m512 dot = _mm512_mul_ps(query[0], _mm512_loadu_ps(key));
+        for (int r = 1; r < REGS; ++r) dot = _mm512_fmadd_ps(query[r], _mm512_loadu_ps(key + 16 * r), dot);
+        return dot;
+    }
+    static __m512 value(const float* row, int v) { return _mm512_loadu_ps(row + 16 * v); }
+};
+
+#ifdef SLUICE_AVX512_BF16
+// bfloat16 pairs multiplied and summed in float32 by vdpbf16ps: no widening of the keys.
+template <int HEAD_DIM>
+struct Rows<uint16_t, HEAD_DIM> {
+    static constexpr int REGS = HEAD_DIM / 32;
+    using Reg = __m512i;
+    static Reg query(const uint16_t* row, int r) { return _mm512_loadu_si512(row + 32 * r); }
+    static __m512 products(const Reg* query, const uint16_t* key) {
+        __m512 dot = _mm512_setzero_ps();
+        for (int r = 0; r < REGS; ++r)
+            dot = _mm512_dpbf16_ps(dot, (__m512bh)query[r], (__m512bh)_mm512_loadu_si512(key + 32 * r));
+        return dot;
+    }
+    static __m512 value(const uint16_t* row, int v) {
+        return _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * v)));
+    }
+};
+#endif
+
+// The kernel for CPUs with AVX-512. The generic kernel spends most of its time on bookkeeping per
+// block (online-softmax rescaling, horizontal sums, scalar exp), not on the dot products; this one
+// makes three passes per (sequence, kv head) instead: all scores (16 keys' dot products summed at
+// once), one softmax over them, then the weighted values with every query head's accumulator in
+// registers (GROUP is a compile-time constant for that). Float32 sums as before; only their order
+// differs.
+template <typename T, int HEAD_DIM, int GROUP>
+void paged_decode_avx512(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+                         const int32_t* context_lens, int batch, int max_blocks, int num_kv_heads, int block_size,
+                         int window, float scale, T* out) {
+    using R = Rows<T, HEAD_DIM>;
+    constexpr int VECS = HEAD_DIM / 16;  // 16 float32 per register
     const long slot_stride = static_cast<long>(num_kv_heads) * HEAD_DIM;
     int longest = 1;
     for (int b = 0; b < batch; ++b) longest = std::max(longest, context_lens[b]);
@@ -214,27 +255,21 @@ void paged_decode_bf16_avx512(const uint16_t* q, const uint16_t* k_cache, const 
             const int count = length - first;
             const int32_t* table = block_tables + static_cast<long>(seq) * max_blocks;
             const long head_offset = static_cast<long>(kv_head) * HEAD_DIM;
-            const uint16_t* q_rows = q + (static_cast<long>(seq) * num_kv_heads + kv_head) * GROUP * HEAD_DIM;
-            __m512i query[GROUP][CHUNKS];
+            const T* q_rows = q + (static_cast<long>(seq) * num_kv_heads + kv_head) * GROUP * HEAD_DIM;
+            typename R::Reg query[GROUP][R::REGS];
             for (int g = 0; g < GROUP; ++g)
-                for (int c = 0; c < CHUNKS; ++c) query[g][c] = _mm512_loadu_si512(q_rows + g * HEAD_DIM + 32 * c);
+                for (int r = 0; r < R::REGS; ++r) query[g][r] = R::query(q_rows + g * HEAD_DIM, r);
 
             // Pass 1: scores, in runs of at most 16 consecutive slots inside one block.
             for (int pos = first; pos < length;) {
                 const int in_block = pos % block_size;
                 const int n = std::min({16, block_size - in_block, length - pos});
-                const uint16_t* keys = k_cache + (static_cast<long>(table[pos / block_size]) * block_size + in_block) *
+                const T* keys = k_cache + (static_cast<long>(table[pos / block_size]) * block_size + in_block) *
                                                      slot_stride + head_offset;
                 for (int g = 0; g < GROUP; ++g) {
                     __m512 partial[16];
-                    for (int t = 0; t < 16; ++t) {
-                        __m512 dot = _mm512_setzero_ps();
-                        if (t < n)
-                            for (int c = 0; c < CHUNKS; ++c)
-                                dot = _mm512_dpbf16_ps(dot, (__m512bh)query[g][c],
-                                                       (__m512bh)_mm512_loadu_si512(keys + t * slot_stride + 32 * c));
-                        partial[t] = dot;
-                    }
+                    for (int t = 0; t < 16; ++t)
+                        partial[t] = t < n ? R::products(query[g], keys + t * slot_stride) : _mm512_setzero_ps();
                     _mm512_mask_storeu_ps(&score_rows[g * padded + (pos - first)], first_lanes(n),
                                           _mm512_mul_ps(row_sums16(partial), _mm512_set1_ps(scale)));
                 }
@@ -267,13 +302,11 @@ void paged_decode_bf16_avx512(const uint16_t* q, const uint16_t* k_cache, const 
             for (int pos = first; pos < length;) {
                 const int in_block = pos % block_size;
                 const int n = std::min(block_size - in_block, length - pos);
-                const uint16_t* values = v_cache + (static_cast<long>(table[pos / block_size]) * block_size + in_block) *
+                const T* values = v_cache + (static_cast<long>(table[pos / block_size]) * block_size + in_block) *
                                                        slot_stride + head_offset;
                 for (int t = 0; t < n; ++t) {
                     __m512 row[VECS];
-                    for (int v = 0; v < VECS; ++v)
-                        row[v] = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(
-                            reinterpret_cast<const __m256i*>(values + t * slot_stride + 16 * v)));
+                    for (int v = 0; v < VECS; ++v) row[v] = R::value(values + t * slot_stride, v);
                     for (int g = 0; g < GROUP; ++g) {
                         const __m512 weight = _mm512_set1_ps(score_rows[g * padded + (pos - first) + t]);
                         for (int v = 0; v < VECS; ++v) acc[g][v] = _mm512_fmadd_ps(weight, row[v], acc[g][v]);
@@ -282,7 +315,7 @@ void paged_decode_bf16_avx512(const uint16_t* q, const uint16_t* k_cache, const 
                 pos += n;
             }
             for (int g = 0; g < GROUP; ++g) {
-                uint16_t* dst = out + (static_cast<long>(seq) * num_kv_heads + kv_head) * GROUP * HEAD_DIM + g * HEAD_DIM;
+                T* dst = out + (static_cast<long>(seq) * num_kv_heads + kv_head) * GROUP * HEAD_DIM + g * HEAD_DIM;
                 const float norm = sums[g] > 0.f ? 1.f / sums[g] : 0.f;
                 alignas(64) float result[HEAD_DIM];
                 for (int v = 0; v < VECS; ++v) _mm512_store_ps(result + 16 * v, _mm512_mul_ps(acc[g][v], _mm512_set1_ps(norm)));
@@ -292,14 +325,14 @@ void paged_decode_bf16_avx512(const uint16_t* q, const uint16_t* k_cache, const 
     }
 }
 
-template <int HEAD_DIM>
-bool dispatch_avx512(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache, const int32_t* block_tables,
+template <typename T, int HEAD_DIM>
+bool dispatch_avx512(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
                      const int32_t* context_lens, int batch, int max_blocks, int group, int num_kv_heads,
-                     int block_size, int window, float scale, uint16_t* out) {
-#define SLUICE_GROUP_CASE(G)                                                                                    \
-    case G:                                                                                                     \
-        paged_decode_bf16_avx512<HEAD_DIM, G>(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, \
-                                              num_kv_heads, block_size, window, scale, out);                    \
+                     int block_size, int window, float scale, T* out) {
+#define SLUICE_GROUP_CASE(G)                                                                                   \
+    case G:                                                                                                    \
+        paged_decode_avx512<T, HEAD_DIM, G>(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, \
+                                            num_kv_heads, block_size, window, scale, out);                     \
         return true;
     switch (group) {
         SLUICE_GROUP_CASE(1)
@@ -335,6 +368,39 @@ int dispatch(const T* q, const T* k_cache, const T* v_cache, const int32_t* bloc
     }
 }
 
+// Whether this build has the three-pass kernel for T (bfloat16 rows need vdpbf16ps).
+template <typename T>
+constexpr bool has_three_pass() {
+#if defined(SLUICE_AVX512_BF16)
+    return true;
+#elif defined(SLUICE_AVX512)
+    return std::is_same_v<T, float>;
+#else
+    return false;
+#endif
+}
+
+// The three-pass kernel where it is compiled in and fits (head size 64 or 128, at most 8 query heads
+// per kv head), else the generic one.
+template <typename T>
+int decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables, const int32_t* context_lens,
+           int batch, int max_blocks, int num_heads, int num_kv_heads, int head_dim, int block_size, int window,
+           float scale, T* out) {
+#ifdef SLUICE_AVX512
+    if constexpr (has_three_pass<T>()) {
+        const int group = num_heads / num_kv_heads;
+        if (head_dim == 64 && dispatch_avx512<T, 64>(q, k_cache, v_cache, block_tables, context_lens, batch,
+                                                     max_blocks, group, num_kv_heads, block_size, window, scale, out))
+            return 0;
+        if (head_dim == 128 && dispatch_avx512<T, 128>(q, k_cache, v_cache, block_tables, context_lens, batch,
+                                                       max_blocks, group, num_kv_heads, block_size, window, scale, out))
+            return 0;
+    }
+#endif
+    return dispatch(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, num_heads, num_kv_heads,
+                    head_dim, block_size, window, scale, out);
+}
+
 }  // namespace
 
 // Entry points return -1 for a head size without a compiled variant (the caller falls back).
@@ -344,26 +410,16 @@ int sluice_paged_decode_f32(const float* q, const float* k_cache, const float* v
                             const int32_t* block_tables, const int32_t* context_lens, int batch, int max_blocks,
                             int num_heads, int num_kv_heads, int head_dim, int block_size, int window,
                             float scale, float* out) {
-    return dispatch(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, num_heads, num_kv_heads,
-                    head_dim, block_size, window, scale, out);
+    return decode(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, num_heads, num_kv_heads,
+                  head_dim, block_size, window, scale, out);
 }
 
 int sluice_paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                              const int32_t* block_tables, const int32_t* context_lens, int batch,
                              int max_blocks, int num_heads, int num_kv_heads, int head_dim, int block_size,
                              int window, float scale, uint16_t* out) {
-#ifdef SLUICE_AVX512_BF16
-    // Query heads per kv head beyond 8 (rare) take the generic kernel.
-    const int group = num_heads / num_kv_heads;
-    if (head_dim == 64 && dispatch_avx512<64>(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks,
-                                              group, num_kv_heads, block_size, window, scale, out))
-        return 0;
-    if (head_dim == 128 && dispatch_avx512<128>(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks,
-                                                group, num_kv_heads, block_size, window, scale, out))
-        return 0;
-#endif
-    return dispatch(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, num_heads, num_kv_heads,
-                    head_dim, block_size, window, scale, out);
+    return decode(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, num_heads, num_kv_heads,
+                  head_dim, block_size, window, scale, out);
 }
 
 }
