@@ -41,7 +41,7 @@ void sluice_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const uint16_t*
     for (long r = 0; r < rows; ++r) {
         const uint16_t* src = x + r * hidden;
         uint16_t* dst = out + r * hidden;
-        float row[16384];
+        float row[16384];  // MAX_HIDDEN in fused_cpu.py
         float squares = 0.f;
         if (residual != nullptr) {
             uint16_t* skip = residual + r * hidden;
@@ -65,10 +65,10 @@ void sluice_rms_norm_bf16(const uint16_t* x, uint16_t* residual, const uint16_t*
     }
 }
 
-// Rotary embedding in place on the query and key heads of each row of the fused qkv projection:
-// the first num_heads + num_kv_heads heads of a row, `row_stride` elements apart. cos and sin are
-// the float32 tables [max_positions, head_dim] (both halves equal), indexed by each row's position.
-void sluice_rotary_bf16(uint16_t* qkv, long rows, long row_stride, int heads, int head_dim,
+// Rotary embedding in place on `heads` consecutive heads per row, rows `row_stride` elements apart
+// (the query or key part of the fused qkv projection's output, or a normed copy of it). cos and sin
+// are the float32 tables [max_positions, head_dim] (both halves equal), indexed by each row's position.
+void sluice_rotary_bf16(uint16_t* x, long rows, long row_stride, int heads, int head_dim,
                         const int64_t* positions, const float* cos_table, const float* sin_table) {
     const int half = head_dim / 2;
 #pragma omp parallel for if (rows * heads * head_dim >= PARALLEL_MIN)
@@ -76,7 +76,7 @@ void sluice_rotary_bf16(uint16_t* qkv, long rows, long row_stride, int heads, in
         const float* cos = cos_table + positions[r] * head_dim;
         const float* sin = sin_table + positions[r] * head_dim;
         for (int h = 0; h < heads; ++h) {
-            uint16_t* head = qkv + r * row_stride + static_cast<long>(h) * head_dim;
+            uint16_t* head = x + r * row_stride + static_cast<long>(h) * head_dim;
 #pragma omp simd
             for (int i = 0; i < half; ++i) {
                 const float first = widen(head[i]), second = widen(head[i + half]);

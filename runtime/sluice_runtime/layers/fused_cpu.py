@@ -8,7 +8,6 @@ arithmetic operation for operation, so greedy outputs match it token for token; 
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
@@ -22,7 +21,6 @@ MAX_HIDDEN = 16384
 _pointer = ctypes.c_void_p
 
 
-@functools.cache
 def _library() -> ctypes.CDLL | None:
     return native_build.load(SOURCE, "fused CPU layer ops")
 
@@ -42,11 +40,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return out
 
 
-def rotary_(qkv: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor, cos: torch.Tensor,
+def rotary_(x: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor, cos: torch.Tensor,
             sin: torch.Tensor) -> None:
-    """Rotates the first `heads` heads (queries, then keys) of each row of `qkv` in place; cos and
-    sin are the float32 [max_positions, head_dim] tables."""
+    """Rotates x [T, heads, head_dim] in place (any row stride, heads contiguous within a row);
+    positions int64 [T]; cos and sin the float32 [max_positions, head_dim] tables."""
     _library().sluice_rotary_bf16(
-        _pointer(qkv.data_ptr()), ctypes.c_long(qkv.shape[0]), ctypes.c_long(qkv.stride(0)), ctypes.c_int(heads),
+        _pointer(x.data_ptr()), ctypes.c_long(x.shape[0]), ctypes.c_long(x.stride(0)), ctypes.c_int(heads),
         ctypes.c_int(head_dim), _pointer(positions.data_ptr()), _pointer(cos.data_ptr()),
         _pointer(sin.data_ptr()))

@@ -61,8 +61,8 @@ class RotaryEmbedding(torch.nn.Module):
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> "Rope":
         """What every layer of one forward needs to rotate its queries and keys."""
-        if fused_cpu.applies(dtype, positions.device):
-            return Rope(positions, self.cos, self.sin, fused=True)
+        if fused_cpu.applies(dtype, positions.device) and self.cos.dtype == torch.float32:
+            return Rope(positions.to(torch.int64).contiguous(), self.cos, self.sin, fused=True)
         return Rope(positions, self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype))
 
 
