@@ -55,6 +55,12 @@ def test_runtime_args_follow_the_spec():
     assert args[-2:] == ["--seed", "7"]
 
 
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_dtype_reaches_the_runtime(dtype):
+    args = _container(build_deployment(OWNER, _spec(runtime={"dtype": dtype})))["args"]
+    assert _flag(args, "--dtype") == dtype
+
+
 def test_served_name_defaults_to_the_resource_name():
     args = _container(build_deployment(OWNER, _spec()))["args"]
     assert _flag(args, "--served-model-name") == "smollm2" and "--no-prefix-caching" not in args

@@ -103,8 +103,10 @@ class RuntimeSpec(SpecModel):
     )
     max_model_len: int = Field(default=2048, ge=16, le=1048576, description="Longest prompt plus output, in tokens.")
     max_num_seqs: int = Field(default=64, ge=1, le=4096, description="Most sequences decoded together in one step.")
-    dtype: Literal["float32", "float16", "bfloat16"] = Field(
-        default="float32", description="Weight and activation precision; float32 suits CPUs, bfloat16 most GPUs."
+    dtype: Literal["float32", "float16", "bfloat16", "auto"] = Field(
+        default="float32",
+        description="Weight and activation precision; float32 suits CPUs, bfloat16 most GPUs; auto: bfloat16 "
+                    "where the node's hardware computes it natively, else float32.",
     )
     kv_cache_memory: str = Field(
         default="1Gi", pattern=KV_CACHE_PATTERN, max_length=32,
