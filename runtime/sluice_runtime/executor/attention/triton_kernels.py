@@ -51,6 +51,29 @@ def store_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
 
 
 @triton.jit
+def _kv_offsets(block_tables_ptr, seq, stride_bt, n, n_mask, kv_head, stride_cs, stride_ch, d,
+                BLOCK_SIZE: tl.constexpr):
+    """Cache offsets [BLOCK_N, BLOCK_D] of tokens n of one sequence and KV head, through its block table."""
+    block = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_mask, other=0)
+    slot = block.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
+    return slot[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
+
+
+@triton.jit
+def _online_softmax_step(s, m, l, acc, v, PRECISION: tl.constexpr):
+    """Folds one tile of scores s (log2 units, -inf where hidden) and its values into the running
+    max m, sum l and output acc; returns the new (m, l, acc)."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    # A row may see nothing in this tile (window, or a padding row): keep its exponents finite.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m - m_safe)
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
                    out_ptr, part_out_ptr, part_lse_ptr, qk_scale, window,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cs, stride_ch, stride_bt,
@@ -85,21 +108,15 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_le
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < end
-        block = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_mask, other=0)
-        slot = block.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        offsets = slot[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
+        offsets = _kv_offsets(block_tables_ptr, seq, stride_bt, n, n_mask, kv_head, stride_cs, stride_ch, d,
+                              BLOCK_SIZE)
         k = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0)
         # Scores in log2 units (qk_scale carries log2(e)), so exp2 replaces exp.
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
         v = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0)
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        m, l, acc = _online_softmax_step(s, m, l, acc, v, PRECISION)
 
     # An empty split (or a padding row, context 0) has l == 0: it contributes zeros, not NaNs.
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
@@ -211,25 +228,17 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, 
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_mask = n < hi
-        block = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_mask, other=0)
-        slot = block.to(tl.int64) * BLOCK_SIZE + n % BLOCK_SIZE
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        offsets = slot[:, None] * stride_cs + kv_head * stride_ch + d[None, :]
+        offsets = _kv_offsets(block_tables_ptr, seq, stride_bt, n, n_mask, kv_head, stride_cs, stride_ch, d,
+                              BLOCK_SIZE)
         k = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = n_mask[None, :] & (n[None, :] <= q_pos[:, None])
         if USE_WINDOW:
             visible &= n[None, :] > q_pos[:, None] - window
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        # A row may see nothing in this tile (window, or a padding row): keep its exponents finite.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m - m_safe)
         v = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0)
-        l = l * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        m, l, acc = _online_softmax_step(s, m, l, acc, v, PRECISION)
 
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
