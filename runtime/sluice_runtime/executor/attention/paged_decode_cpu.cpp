@@ -56,17 +56,19 @@ inline void store(uint16_t* p, int i, float value) {
 
 // exp(x) for x <= 0 in a form the compiler vectorizes (libm's expf is a scalar call): split off
 // the power of two, then a degree-6 polynomial on the remainder (Cephes coefficients, ~1e-7 rel.).
+// The scalar form serves the generic kernel, exp_nonpositive16 the AVX-512 one; both read these.
+constexpr float EXP_FLOOR = -87.f;  // exp of anything lower is below float32's normal range
+constexpr float LOG2E = 1.44269504088896341f;
+constexpr float LN2_HIGH = 0.693359375f, LN2_LOW = 2.12194440e-4f;  // ln 2 split for an exact n * LN2_HIGH
+constexpr float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 #pragma omp declare simd
 inline float exp_nonpositive(float x) {
-    x = x < -87.f ? -87.f : x;
-    const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
+    x = x < EXP_FLOOR ? EXP_FLOOR : x;
+    const float n = std::floor(x * LOG2E + 0.5f);
+    const float r = x - n * LN2_HIGH + n * LN2_LOW;
+    float p = EXP_POLY[0];
+    for (int i = 1; i < 6; ++i) p = p * r + EXP_POLY[i];
     p = p * r * r + r + 1.f;
     const int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;
     float power;
@@ -173,17 +175,12 @@ inline __m512 row_sums16(const __m512* rows) {
 
 // exp_nonpositive for 16 lanes; scalef applies the power of two.
 inline __m512 exp_nonpositive16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_FLOOR));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
-                                     _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(LN2_LOW), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HIGH), x));
+    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
     p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
     return _mm512_scalef_ps(p, n);
 }
@@ -255,6 +252,11 @@ void paged_decode_avx512(const T* q, const T* k_cache, const T* v_cache, const i
             const int count = length - first;
             const int32_t* table = block_tables + static_cast<long>(seq) * max_blocks;
             const long head_offset = static_cast<long>(kv_head) * HEAD_DIM;
+            // This kv head's row at context position pos, in keys or values.
+            const auto row_at = [&](const T* cache, int pos) {
+                return cache + (static_cast<long>(table[pos / block_size]) * block_size + pos % block_size) *
+                                   slot_stride + head_offset;
+            };
             const T* q_rows = q + (static_cast<long>(seq) * num_kv_heads + kv_head) * GROUP * HEAD_DIM;
             typename R::Reg query[GROUP][R::REGS];
             for (int g = 0; g < GROUP; ++g)
@@ -264,8 +266,7 @@ void paged_decode_avx512(const T* q, const T* k_cache, const T* v_cache, const i
             for (int pos = first; pos < length;) {
                 const int in_block = pos % block_size;
                 const int n = std::min({16, block_size - in_block, length - pos});
-                const T* keys = k_cache + (static_cast<long>(table[pos / block_size]) * block_size + in_block) *
-                                                     slot_stride + head_offset;
+                const T* keys = row_at(k_cache, pos);
                 for (int g = 0; g < GROUP; ++g) {
                     __m512 partial[16];
                     for (int t = 0; t < 16; ++t)
@@ -302,8 +303,7 @@ void paged_decode_avx512(const T* q, const T* k_cache, const T* v_cache, const i
             for (int pos = first; pos < length;) {
                 const int in_block = pos % block_size;
                 const int n = std::min(block_size - in_block, length - pos);
-                const T* values = v_cache + (static_cast<long>(table[pos / block_size]) * block_size + in_block) *
-                                                       slot_stride + head_offset;
+                const T* values = row_at(v_cache, pos);
                 for (int t = 0; t < n; ++t) {
                     __m512 row[VECS];
                     for (int v = 0; v < VECS; ++v) row[v] = R::value(values + t * slot_stride, v);
