@@ -29,6 +29,12 @@ def applies(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.bfloat16 and device.type == "cpu" and _library() is not None
 
 
+def norm_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Rows of a 2-D bfloat16 CPU tensor, with a bfloat16 weight, that fit the kernel's row buffer."""
+    return (applies(x.dtype, x.device) and weight.dtype == x.dtype and x.dim() == 2
+            and x.shape[-1] <= MAX_HIDDEN)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None) -> torch.Tensor:
     """weight * norm(x), or with a residual: residual += x in place, then weight * norm(residual)."""
     x = x.contiguous()

@@ -13,8 +13,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x); with `residual` (the layer's skip stream), adds x to it first and returns
         (norm(x + residual), x + residual), so the add and the norm can be one native pass."""
-        if (fused_cpu.applies(x.dtype, x.device) and self.weight.dtype == x.dtype and x.dim() == 2
-                and x.shape[-1] <= fused_cpu.MAX_HIDDEN):
+        if fused_cpu.norm_applies(x, self.weight):
             out = fused_cpu.rms_norm(x, self.weight, self.eps, residual)
             return out if residual is None else (out, residual)
         if residual is None:
