@@ -122,12 +122,17 @@ def test_pod_becomes_ready_only_once_its_server_answers_the_readiness_probe(kube
     _wait_for(lambda: not _ready(_pods(kube_cluster, kube_namespace, "app=gated")[0]), timeout=30, what="NotReady after the gate closed")
 
 
-def test_deleting_the_pod_stops_its_process(kube_cluster, kube_namespace, launcher, tmp_path):
+def _serving_gated_pod(kube_cluster, namespace: str, name: str, tmp_path: Path) -> dict:
+    """The pod of a one-replica gated server whose gate is open, once its rollout finished."""
     gate = tmp_path / "ready"
     gate.touch()
-    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_gated_server_deployment("doomed", gate))
-    kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/doomed", "--timeout=60s")
-    pod = _pods(kube_cluster, kube_namespace, "app=doomed")[0]
+    kube_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=_gated_server_deployment(name, gate))
+    kube_cluster.kubectl("rollout", "status", "-n", namespace, f"deployment/{name}", "--timeout=60s")
+    return _pods(kube_cluster, namespace, f"app={name}")[0]
+
+
+def test_deleting_the_pod_stops_its_process(kube_cluster, kube_namespace, launcher, tmp_path):
+    pod = _serving_gated_pod(kube_cluster, kube_namespace, "doomed", tmp_path)
     first = _get(f"http://{pod['status']['podIP']}:{PORT}/")
     assert first is not None and _alive(first["pid"])
 
@@ -283,11 +288,7 @@ def test_a_deleted_pod_no_launcher_runs_goes_when_its_grace_period_ends(kube_clu
 
 def test_a_pod_given_a_new_address_gets_its_process_started_again_on_it(kube_cluster, kube_namespace, launcher, tmp_path):
     """kwok sometimes runs its stage twice on a new pod and hands out a second IP right after the first."""
-    gate = tmp_path / "ready"
-    gate.touch()
-    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_gated_server_deployment("moved", gate))
-    kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/moved", "--timeout=60s")
-    pod = _pods(kube_cluster, kube_namespace, "app=moved")[0]
+    pod = _serving_gated_pod(kube_cluster, kube_namespace, "moved", tmp_path)
     old_ip = pod["status"]["podIP"]
     first = _wait_for(lambda: _get(f"http://{old_ip}:{PORT}/"), what="the process on the first address")
     new_ip = "127.1.0.250"
