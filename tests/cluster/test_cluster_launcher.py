@@ -291,7 +291,9 @@ def test_a_pod_given_a_new_address_gets_its_process_started_again_on_it(kube_clu
     pod = _serving_gated_pod(kube_cluster, kube_namespace, "moved", tmp_path)
     old_ip = pod["status"]["podIP"]
     first = _wait_for(lambda: _get(f"http://{old_ip}:{PORT}/"), what="the process on the first address")
-    new_ip = "127.1.0.250"
+    # Outside kwok's pod range (127.1.0.0/24), so it can never be the address kwok gave the pod: once a
+    # long test run had handed out .250, the "new" address was the old one and nothing moved.
+    new_ip = "127.1.1.250"
     kube_cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", kube_namespace, "--subresource=status",
                          "--type=merge", "-p", json.dumps({"status": {"podIP": new_ip, "podIPs": [{"ip": new_ip}]}}))
     second = _wait_for(lambda: _get(f"http://{new_ip}:{PORT}/"), timeout=30, what="the process on the new address")
