@@ -28,4 +28,5 @@ def header_value(credential: str) -> str:
 def presented_matches(presented: str | None, credential: str) -> bool:
     """Constant-time comparison of an `Authorization` header against the credential."""
     expected = header_value(credential).encode()
-    return hmac.compare_digest((presented or "").encode(), expected)
+    # Headers arrive as latin-1 text; anything that does not encode is simply not the credential.
+    return hmac.compare_digest((presented or "").encode(errors="replace"), expected)
