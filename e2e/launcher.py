@@ -50,6 +50,9 @@ class Launcher:
     log_dir: Path = field(default_factory=lambda: cache_dir() / "launcher-logs")
     volume_dir: Path = field(default_factory=lambda: cache_dir() / "launcher-volumes")
     log: Callable[[str], None] = print
+    # Set in every process after the pod's own env: a host directory standing in for what a real node would
+    # give the pod from a volume the launcher cannot share between pods (a model cache converted once).
+    pinned_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.core = client.CoreV1Api(config.new_client_from_config(config_file=self.kubeconfig))
@@ -228,11 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG")
     parser.add_argument("--namespace", help="only run pods of this namespace (default: all)")
     parser.add_argument("--log-dir", type=Path, default=cache_dir() / "launcher-logs", help="default: %(default)s")
+    parser.add_argument("--pin-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in every process after the pod's own env (repeatable)")
     args = parser.parse_args(argv)
     if not args.kubeconfig:
         parser.error("--kubeconfig is required when KUBECONFIG is not set")
+    pinned = dict(item.split("=", 1) for item in args.pin_env if "=" in item)
+    if len(pinned) != len(args.pin_env):
+        parser.error("--pin-env takes NAME=VALUE")
     launcher = Launcher(args.kubeconfig, namespace=args.namespace, log_dir=args.log_dir,
-                        log=lambda line: print(line, flush=True))
+                        log=lambda line: print(line, flush=True), pinned_env=pinned)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -181,7 +181,7 @@ class PodRunner(threading.Thread):
             )
             run.process = podspec.process_spec(
                 pod, run.spec, self.launcher.read_object, self.launcher.venv_bin, dict(os.environ),
-                mounts=mounts, kubeconfig=kubeconfig,
+                mounts=mounts, kubeconfig=kubeconfig, pinned_env=self.launcher.pinned_env,
             )
             run.readiness = ProbeState.start(run.spec.get("readinessProbe"), run.spec, now)
             run.liveness = ProbeState.start(run.spec.get("livenessProbe"), run.spec, now)

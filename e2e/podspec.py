@@ -139,9 +139,10 @@ def resolve_executable(name: str, cwd: str, venv_bin: Path, path: str) -> str:
 
 def process_spec(
     pod: dict, container: dict, read: ObjectReader, venv_bin: Path, base_env: dict[str, str],
-    mounts: list[Mount] = (), kubeconfig: str | None = None,
+    mounts: list[Mount] = (), kubeconfig: str | None = None, pinned_env: dict[str, str] | None = None,
 ) -> ProcessSpec:
-    """`kubeconfig`: the pod's service-account credentials, where its spec mounts them."""
+    """`kubeconfig`: the pod's service-account credentials, where its spec mounts them; `pinned_env`: set
+    after the pod's own variables (see Launcher.pinned_env)."""
     command = list(container.get("command") or [])
     if not command:
         raise ContainerConfigError(
@@ -156,6 +157,7 @@ def process_spec(
     env["PATH"] = f"{venv_bin}{os.pathsep}{base_env.get('PATH', '')}"
     env["HOSTNAME"] = pod["metadata"]["name"]
     env.update({name: remap(value, mounts) for name, value in defined.items()})
+    env.update(pinned_env or {})
     argv = [remap(expand(part, defined), mounts) for part in command + list(container.get("args") or [])]
     cwd = remap(container.get("workingDir") or "", mounts) or os.getcwd()
     argv[0] = resolve_executable(argv[0], cwd, venv_bin, env["PATH"])

@@ -54,15 +54,33 @@ def _dry_run(cluster, manifest: str) -> list[str]:
     """Every object names its own namespace (helm template and kustomize set it)."""
     result = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", input=manifest, check=False)
     assert result.returncode == 0, f"the API server refused:\n{result.stderr}"
+    # PodSecurity admission checks a workload's pod template against the namespace's level and warns.
+    assert "would violate PodSecurity" not in result.stderr, result.stderr
     return [line for line in result.stdout.splitlines() if line.strip()]
+
+
+def _restricted(cluster, namespace: str) -> None:
+    cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted",
+                    "pod-security.kubernetes.io/warn=restricted")
 
 
 @pytest.mark.parametrize("values", [[], ["-f", str(FULL_VALUES)]], ids=["default", "full"])
 def test_rendered_chart_is_accepted_by_the_api_server(cluster, kube_namespace, values):
+    """In a namespace enforcing the `restricted` Pod Security Standard, as every release namespace should."""
+    _restricted(cluster, kube_namespace)
     manifest = Helm(cluster.bin_dir / "helm").template_text(*values, namespace=kube_namespace)
     expected = len([doc for doc in yaml.safe_load_all(manifest) if doc])
     applied = _dry_run(cluster, manifest)
     assert len(applied) == expected and all("(server dry run)" in line for line in applied)
+
+
+def test_a_pod_template_breaking_the_profile_is_flagged(cluster, kube_namespace):
+    """The check above can fail: a Deployment whose pods may run as root draws PodSecurity's warning."""
+    _restricted(cluster, kube_namespace)
+    manifest = Helm(cluster.bin_dir / "helm").template_text("--set", "podSecurityContext.runAsNonRoot=false",
+                                                            namespace=kube_namespace)
+    result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest, check=False)
+    assert 'would violate PodSecurity "restricted:latest"' in result.stderr and "runAsNonRoot" in result.stderr
 
 
 def test_a_typo_in_a_manifest_is_refused(cluster, kube_namespace):

@@ -146,3 +146,51 @@ def test_pod_labels_and_annotations_cannot_break_the_selector():
 def test_torch_threads_follow_the_cpu_limit_not_the_node(cpu, threads):
     env = _container(build_deployment(OWNER, _spec(resources={"cpu": cpu})))["env"]
     assert {"name": "OMP_NUM_THREADS", "value": str(threads)} in env
+
+
+def _restricted_violations(pod: dict) -> list[str]:
+    """The `restricted` Pod Security Standard's checks, as the API server's PodSecurity admission makes them."""
+    found = []
+    context = pod.get("securityContext") or {}
+    if context.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        found.append("pod seccompProfile")
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                       "projected", "secret"}
+    found += [f"volume {v['name']}" for v in pod["volumes"] if not set(v) - {"name"} <= allowed_volumes]
+    for container in pod["containers"]:
+        own = container.get("securityContext") or {}
+        if own.get("allowPrivilegeEscalation") is not False:
+            found.append("allowPrivilegeEscalation")
+        if own.get("capabilities", {}).get("drop") != ["ALL"] or own.get("capabilities", {}).get("add"):
+            found.append("capabilities")
+        if not (own.get("runAsNonRoot", context.get("runAsNonRoot")) is True):
+            found.append("runAsNonRoot")
+        if own.get("runAsUser", context.get("runAsUser")) == 0:
+            found.append("runAsUser 0")
+    return found
+
+
+@pytest.mark.parametrize("fields", [{}, {"model": {"source": "pvc://weights/llama"}},
+                                    {"model": {"source": "hf:org/m"}, "tensorParallelSize": 2, "resources": {"gpus": 2}}],
+                         ids=["embedded", "pvc", "tensor-parallel"])
+def test_runtime_pods_pass_the_restricted_profile_with_a_read_only_root(fields):
+    pod = build_deployment(OWNER, _spec(**fields))["spec"]["template"]["spec"]
+    assert _restricted_violations(pod) == []
+    assert pod["automountServiceAccountToken"] is False, "the runtime never calls the API server"
+    container = _container({"spec": {"template": {"spec": pod}}})
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Every place the runtime and its libraries write lies on a writable emptyDir.
+    writable = [m["mountPath"] for m in container["volumeMounts"]
+                if "emptyDir" in next(v for v in pod["volumes"] if v["name"] == m["name"])]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    for name in ("SLUICE_CACHE_DIR", "TMPDIR", "HOME", "HF_HOME", "XDG_CACHE_HOME"):
+        assert any(env[name] == path or env[name].startswith(path + "/") for path in writable), name
+
+
+def test_runtime_user_is_the_images_own():
+    """runAsNonRoot needs a numeric user to check; it must be the one Dockerfile.runtime creates and runs as."""
+    from pathlib import Path
+
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile.runtime").read_text()
+    uid = build_deployment(OWNER, _spec())["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
+    assert f"useradd --uid {uid} " in dockerfile and f"USER {uid}:{uid}" in dockerfile

@@ -27,6 +27,14 @@ RBAC = ROOT / "operator" / "sluice_operator" / "rbac" / "operator.yaml"
 SAMPLES = ROOT / "config" / "samples"
 INVALID = yaml.safe_load((Path(__file__).parent / "data" / "invalid_specs.yaml").read_text())
 TABLE = "sluice-routing-table"
+ENFORCE = "pod-security.kubernetes.io/enforce"
+# A model whose pods the launcher runs as processes (the others are kwok's alone), sized for a 2-core machine.
+SERVED = {
+    "apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "served"},
+    "spec": {"model": {"source": "smollm2"}, "podLabels": {"sluice.dev/launch": "true"},
+             "runtime": {"maxModelLen": 512, "maxNumSeqs": 4, "kvCacheMemory": "128Mi", "startupTimeoutSeconds": 180},
+             "resources": {"cpu": "1", "memory": "2Gi"}},
+}
 
 
 def wait_for(check, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
@@ -133,6 +141,8 @@ def setup(kube_cluster, tmp_path_factory):
     kube_cluster.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
                          "crd/inferencemodels.sluice.dev", "crd/modelroutes.sluice.dev")
     kube_cluster.kubectl("create", "namespace", namespace)
+    # Every runtime pod the operator creates here must pass the strictest profile.
+    kube_cluster.kubectl("label", "namespace", namespace, f"{ENFORCE}=restricted")
     rbac = RBAC.read_text().replace("namespace: sluice-system", f"namespace: {namespace}").replace(
         "name: sluice-operator\n  labels", f"name: sluice-operator-{namespace}\n  labels").replace(
         "kind: ClusterRole, name: sluice-operator}", f"kind: ClusterRole, name: sluice-operator-{namespace}}}")
@@ -298,6 +308,55 @@ def test_unschedulable_model_is_degraded_not_retried(setup):
     assert degraded["reason"] == "Unschedulable" and "nvidia.com/gpu" in degraded["message"]
     assert api.condition("im", "big", "Ready")["status"] == "False"
     api.run("delete", "im", "big")
+
+
+def _served_pod(api) -> dict:
+    api.apply(SERVED)
+    api.run("wait", "--for=condition=Ready", "im/served", "--timeout=240s")
+    pods = json.loads(api.run("get", "pods", "-l", "sluice.dev/inference-model=served", "-o", "json").stdout)["items"]
+    (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return pod
+
+
+def test_runtime_pods_pass_the_restricted_profile_and_serve(setup, launcher, smollm2_dir):
+    """The namespace enforces `restricted`: the operator's runtime pods are admitted, start and answer."""
+    from openai import OpenAI
+
+    api, _ = setup
+    assert api.cluster.kubectl("get", "namespace", api.namespace, "-o", "json").stdout.count(f'"{ENFORCE}": "restricted"')
+    # The check can fail: a pod with the defaults (root allowed, no seccomp profile) is refused here.
+    refused = api.run("run", "plain", "--image=busybox", "--restart=Never", "--dry-run=server", check=False)
+    assert refused.returncode != 0 and 'violates PodSecurity "restricted' in refused.stderr, refused.stderr
+    try:
+        pod = _served_pod(api)
+        client = OpenAI(base_url=f"http://{pod['status']['podIP']}:8000/v1", api_key="unused", max_retries=0,
+                        timeout=60)
+        reply = client.chat.completions.create(model="served", messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=4)
+        assert reply.usage.completion_tokens > 0
+        # It wrote only where the pod spec gives it emptyDirs (the launcher's per-pod volume directories).
+        (pid,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _leads_group(int(p))
+                  and f"HOSTNAME={pod['metadata']['name']}".encode() in _environ(int(p)).split(b"\0")]
+        env = dict(item.split("=", 1) for item in _environ(pid).decode().split("\0") if "=" in item)
+        volumes = launcher.volume_dir / f"{api.namespace}_{pod['metadata']['name']}_{pod['metadata']['uid'][:8]}"
+        assert env["HOME"] == str(volumes / "home") and env["TMPDIR"] == str(volumes / "tmp"), env
+    finally:
+        api.run("delete", "im", "served", "--wait=false")
+
+
+def _leads_group(pid: int) -> bool:
+    """The launcher starts each container's process in a group of its own."""
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_only_the_leader_acts(setup, samples):

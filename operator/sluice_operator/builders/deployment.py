@@ -8,7 +8,8 @@ from typing import Any
 from ..crd import RUNTIME_PORT, InferenceModelSpec
 from .names import Owner, labels, selector_labels
 from .status import GENERATION_ANNOTATION
-from .runtime_args import CACHE_DIR, model_mount, runtime_args
+from .pod_security import container_security_context, pod_security_context, writable_env, writable_volumes
+from .runtime_args import model_mount, runtime_args
 
 CONTAINER = "runtime"
 PROBE_PERIOD_SECONDS = 10
@@ -51,16 +52,16 @@ def _resources(spec: InferenceModelSpec) -> dict[str, Any]:
 
 def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
     mount = model_mount(spec)
-    volumes = [{"name": "cache", "emptyDir": {}}, *mount.volumes]
-    mounts = [{"name": "cache", "mountPath": CACHE_DIR}, *mount.mounts]
+    volumes, mounts = writable_volumes()
+    volumes += mount.volumes
+    mounts += mount.mounts
     if spec.tensor_parallel_size > 1:
         # Tensor-parallel workers exchange activations through shared memory.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     env = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
-        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        *writable_env(),
         {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu))},
         *mount.env,
     ]
@@ -80,13 +81,15 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
         "readinessProbe": _probe("/ready", 5, 2),
         "livenessProbe": _probe("/health", PROBE_PERIOD_SECONDS, 3, timeout=5),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": container_security_context(),
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "volumes": volumes,
         "terminationGracePeriodSeconds": spec.rollout.termination_grace_period_seconds,
         "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
     }
     if spec.resources.node_selector:
         pod_spec["nodeSelector"] = dict(spec.resources.node_selector)

@@ -7,7 +7,6 @@ from typing import Any
 from ..crd import InferenceModelSpec
 from ..crd import RUNTIME_PORT
 
-CACHE_DIR = "/cache"
 MODEL_DIR = "/model"
 
 
