@@ -16,8 +16,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from .auth import KeyStore, Principal
 from .config import GatewayConfig
 from .errors import GatewayError
@@ -28,9 +26,9 @@ from .load_poller import LoadPoller
 from .metrics import GatewayMetrics
 from .picker import Picker
 from .proxy import Outcome, Upstream
-from .reloader import RoutesReloader
 from .request import parse_request
 from .routing_table import RoutingTable
+from .watched_files import WatchedFiles
 
 log = logging.getLogger("sluice_gateway")
 access_log = logging.getLogger("sluice_gateway.access")
@@ -51,27 +49,65 @@ class _ClientGone(Exception):
     """The client disconnected while the gateway was still reading its request."""
 
 
+# Bound when the gateway starts; a reloaded config that changes them is applied at the next restart.
+# Everything else (tenants, keys, limits, request settings, shutdown) is read per use and applies at once.
+_RESTART_ONLY = (
+    "listen", "metrics_port", "timeouts", "redis", "routing", "routes_file", "upstream_credential_file",
+    "max_response_bytes",
+)
+
+
 class GatewayApp:
-    def __init__(self, config: GatewayConfig, routes_path: Path | None) -> None:
-        self.config = config
+    """Serves from `config_path` (and the routing table and credential it names), kept in force while it runs.
+
+    Until a usable config has been read the gateway has no keys: it answers /health, fails /ready, refuses
+    every API call with 401 and keeps watching the file.
+    """
+
+    def __init__(self, config_path: Path, routes_path: Path | None = None) -> None:
         self.metrics = GatewayMetrics()
+        self.metrics.ready.set_function(lambda: 1 if self.not_ready_reason() is None else 0)
+        self.table = RoutingTable()
+        self._started = False
+        self._terminating = False
+        self._tasks: list[asyncio.Task] = []
+        self._poller: asyncio.Task | None = None
+        self._configure(GatewayConfig())  # no tenants, no keys: in force only until the file is read
+        self._configured = False
+        self.files = WatchedFiles(config_path, routes_path, self.metrics, self.apply_config, self.apply_table)
+        self.files.check()
+
+    def _configure(self, config: GatewayConfig) -> None:
+        self.config = config
         self.keys = KeyStore(config)
         self.picker = Picker(config.routing)
-        self.upstream = Upstream(config.timeouts, self.picker, self.metrics)
+        self.picker.sync(self.table)
+        self.upstream = Upstream(
+            config.timeouts, self.picker, self.metrics, credential=lambda: self.files.credential_header,
+            max_response_bytes=config.max_response_bytes,
+        )
         self.limiter: Limiter = (
             RedisLimiter(config.redis, lease_ttl_s=config.timeouts.total_s + 60)
             if config.redis is not None else MemoryLimiter()
         )
-        self.table = RoutingTable()
-        self._reloader = (
-            RoutesReloader(routes_path, config.routing.reload_interval_s, self.apply_table,
-                           self.metrics.table_rejections.inc)
-            if routes_path is not None else None
-        )
-        if self._reloader is not None:
-            self.apply_table(self._reloader.load_now())
-        self._tasks: list[asyncio.Task] = []
-        self._ready = False
+        if self._started:
+            self._start_polling()
+
+    def apply_config(self, config: GatewayConfig) -> None:
+        if not self._configured:
+            # The stand-in served no request (it has no keys), so all of it can be replaced.
+            self.upstream.close()
+            self._configure(config)
+            self._configured = True
+            log.info("gateway config loaded: %d tenants, %d admin keys", len(config.tenants), len(config.admin_keys))
+            return
+        kept = [name for name in _RESTART_ONLY if getattr(config, name) != getattr(self.config, name)]
+        if kept:
+            log.warning("gateway config: changes to %s take effect at the next restart", ", ".join(kept))
+            config = config.model_copy(update={name: getattr(self.config, name) for name in kept})
+        self.config = config
+        self.keys = KeyStore(config)
+        log.info("gateway config reloaded: %d tenants, %d admin keys", len(config.tenants), len(config.admin_keys))
 
     def apply_table(self, table: RoutingTable) -> None:
         self.picker.sync(table)
@@ -80,21 +116,36 @@ class GatewayApp:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def startup(self) -> None:
-        await self.upstream.start()
+        self._started = True
+        self._start_polling()
+        self._tasks.append(asyncio.create_task(self.files.run(lambda: self.config.routing.reload_interval_s)))
+
+    def _start_polling(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
         poller = LoadPoller(
             self.picker, self.metrics, self.config.routing.poll_interval_s, self.config.routing.poll_timeout_s
         )
-        self._tasks.append(asyncio.create_task(poller.run(self.upstream.pool)))
-        if self._reloader is not None:
-            self._tasks.append(asyncio.create_task(self._reloader.run()))
-        self._ready = True
+        self._poller = asyncio.get_running_loop().create_task(poller.run(self.upstream.pool))
+
+    def begin_termination(self) -> None:
+        """SIGTERM: /ready fails from now on; requests are still served (see drain.py)."""
+        self._terminating = True
+
+    def not_ready_reason(self) -> str | None:
+        if self._terminating:
+            return "gateway is shutting down"
+        if not self._started:
+            return "gateway is starting"
+        return self.files.missing()
 
     async def shutdown(self) -> None:
-        self._ready = False
-        for task in self._tasks:
+        self._started = False
+        tasks = [*self._tasks, *([self._poller] if self._poller else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.upstream.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.upstream.close()
         await self.limiter.close()
 
     # -- ASGI --------------------------------------------------------------------------------------------
@@ -155,7 +206,7 @@ class GatewayApp:
         self.metrics.in_flight.inc()
         try:
             principal = self._principal(headers)
-            body = await _read_body(receive, headers, self.config.max_body_bytes)
+            body = await _read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
             parsed = parse_request(
                 body, kind=kind, default_max_tokens=self.config.default_max_tokens,
                 prefix_chars=self.config.routing.prefix_chars,
@@ -299,13 +350,11 @@ class GatewayApp:
         return 200, b'{"status":"ok"}', b"application/json"
 
     def _readiness(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
-        if not self._ready:
-            raise GatewayError(503, "gateway is starting", code="not_ready")
+        reason = self.not_ready_reason()
+        if reason is not None:  # the details (paths, validation errors) are in the log, not on the API port
+            raise GatewayError(503, reason, code="not_ready")
         body = {"status": "ready", "generation": self.table.generation, "routes": len(self.table.routes)}
         return 200, json.dumps(body).encode(), b"application/json"
-
-    def _prometheus(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
-        return 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode()
 
     def _admin(self, headers: dict[bytes, bytes]) -> Principal:
         principal = self._principal(headers)
@@ -334,17 +383,26 @@ _GET_ROUTES = {
     "/v1/models": GatewayApp._models,
     "/health": GatewayApp._health,
     "/ready": GatewayApp._readiness,
-    "/metrics": GatewayApp._prometheus,
     "/admin/routes": GatewayApp._admin_routes,
     "/admin/endpoints": GatewayApp._admin_endpoints,
 }
 
 
-async def _read_body(receive: Any, headers: dict[bytes, bytes], limit: int) -> bytes:
+async def _read_body(receive: Any, headers: dict[bytes, bytes], limit: int, timeout_s: float) -> bytes:
+    """The whole body, within `timeout_s` (a client trickling it would hold a connection and its buffer)."""
     too_large = GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes")
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _receive_body(receive, limit, too_large)
+    except TimeoutError:
+        raise GatewayError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
+                           headers=[(b"connection", b"close")]) from None
+
+
+async def _receive_body(receive: Any, limit: int, too_large: GatewayError) -> bytes:
     chunks, size = [], 0
     while True:
         message = await receive()

@@ -16,7 +16,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ApiKey(_Strict):
@@ -57,6 +57,25 @@ class Timeouts(_Strict):
     first_byte_s: float = Field(default=120.0, gt=0, description="Until the upstream's response headers.")
     idle_s: float = Field(default=60.0, gt=0, description="Longest silence between two upstream chunks.")
     total_s: float = Field(default=900.0, gt=0, description="Whole request, streaming included.")
+    request_read_s: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="A client's request headers, and then its body, must each arrive within this (else 408).",
+    )
+    keep_alive_s: float = Field(
+        default=5.0, gt=0, le=3600, description="A client connection idle this long (used or not) is closed."
+    )
+
+
+class Shutdown(_Strict):
+    """SIGTERM: /ready fails at once, requests are served `ready_grace_s` more, then in-flight ones drain."""
+
+    ready_grace_s: float = Field(
+        default=5.0, ge=0, le=3600, description="Serving on while load balancers take the pod out of rotation."
+    )
+    drain_s: float | None = Field(
+        default=None, gt=0, le=86400,
+        description="How long requests in flight may still take after that; default: timeouts.total_s.",
+    )
 
 
 class RedisSettings(_Strict):
@@ -84,8 +103,18 @@ class Routing(_Strict):
 
 class GatewayConfig(_Strict):
     listen: Listen = Listen()
+    metrics_port: int = Field(
+        default=9090, ge=0, le=65535, description="/metrics is served here (same host as the API); 0: off."
+    )
     timeouts: Timeouts = Timeouts()
+    shutdown: Shutdown = Shutdown()
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_response_bytes: int = Field(
+        default=16 * 1024 * 1024, gt=0, description="Largest non-streaming upstream response passed on (else 502)."
+    )
+    upstream_credential_file: Path | None = Field(
+        default=None, description="Runtime credential sent upstream as a Bearer token; relative to this file."
+    )
     default_max_tokens: int = Field(
         default=512, gt=0, description="Tokens reserved for output when a request sets no max_tokens."
     )
@@ -97,6 +126,16 @@ class GatewayConfig(_Strict):
     admin_keys: tuple[ApiKey, ...] = ()
     tenants: tuple[Tenant, ...] = ()
     access_log: bool = True
+
+    @property
+    def drain_s(self) -> float:
+        return self.shutdown.drain_s if self.shutdown.drain_s is not None else self.timeouts.total_s
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> "GatewayConfig":
+        if self.metrics_port and self.metrics_port == self.listen.port:
+            raise ValueError(f"metrics_port {self.metrics_port} must differ from listen.port (or be 0: off)")
+        return self
 
     @model_validator(mode="after")
     def _unique_names_and_keys(self) -> "GatewayConfig":
@@ -127,6 +166,9 @@ def load_config(path: str | Path) -> GatewayConfig:
             f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"invalid gateway config {path}: {problems}") from None
-    if config.routes_file is not None and not config.routes_file.is_absolute():
-        config = config.model_copy(update={"routes_file": Path(path).parent / config.routes_file})
-    return config
+    relative = {
+        name: Path(path).parent / value
+        for name in ("routes_file", "upstream_credential_file")
+        if (value := getattr(config, name)) is not None and not value.is_absolute()
+    }
+    return config.model_copy(update=relative) if relative else config

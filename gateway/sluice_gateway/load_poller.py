@@ -11,6 +11,7 @@ from .picker import EndpointState, Picker
 from .upstream_client import ConnectionPool, UpstreamError
 
 log = logging.getLogger("sluice_gateway.load")
+_MAX_LOAD_BODY = 64 * 1024  # /load is a few hundred bytes; more is not a runtime's answer
 
 
 class LoadPoller:
@@ -39,7 +40,7 @@ class LoadPoller:
         try:
             async with asyncio.timeout(self._timeout):
                 response = await pool.request("GET", endpoint.url, "/load")
-                body = await response.read()
+                body = await response.read(_MAX_LOAD_BODY)
             if response.status != 200:
                 raise ValueError(f"/load answered {response.status}")
             data = json.loads(body)

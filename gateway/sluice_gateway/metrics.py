@@ -1,11 +1,12 @@
-"""Prometheus metrics of the gateway (`sluice_gateway_…`), in a registry of its own.
+"""Prometheus metrics of the gateway (`sluice_gateway_…`), in a registry of its own, served on a port of
+their own: they name tenants and backend addresses, which API clients have no business reading.
 
 Label values come only from the config (tenants) and the routing table (routes, backends, endpoints), so
 series stay bounded; endpoint series are removed when the endpoint leaves the table.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -61,6 +62,15 @@ class GatewayMetrics:
         self.table_rejections = Counter(
             "sluice_gateway_routing_table_rejections", "Routing tables rejected as malformed.", registry=r
         )
+        self.config_rejections = Counter(
+            "sluice_gateway_config_rejections", "Gateway config files rejected as invalid.", registry=r
+        )
+        self.file_rejected = Gauge(
+            "sluice_gateway_file_rejected",
+            "1 while the file on disk (config, routes, credential) is rejected; the last good one, if any, serves.",
+            ["file"], registry=r,
+        )
+        self.ready = Gauge("sluice_gateway_ready", "1 while /ready answers 200.", registry=r)
         self.limiter_errors = Counter(
             "sluice_gateway_limiter_errors", "Rate-limit store failures (Redis unreachable).", registry=r
         )
@@ -75,3 +85,9 @@ class GatewayMetrics:
             self.endpoint_up.remove(url)
         except KeyError:
             pass
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> None:
+    """Serve `registry` on http://host:port/metrics from a thread of this process (scrapes never wait on the
+    event loop, and a busy loop still reports)."""
+    start_http_server(port, addr=host, registry=registry)

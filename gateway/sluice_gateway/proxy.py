@@ -4,6 +4,9 @@ Retries happen only until an upstream has answered with headers; after that the 
 client's, streamed event by event as it arrives. One `asyncio.timeout` carries the first-byte, idle and
 total deadlines (rescheduled per chunk). Cancellation (the client left) closes the upstream connection
 rather than returning it to the pool, so the runtime sees the disconnect and aborts the request.
+
+Upstreams get the runtime credential, never the client's key. A non-streaming body is held whole (its
+length goes in the headers), so it is capped; its usage is read from the small `usage` object alone.
 """
 from __future__ import annotations
 
@@ -16,19 +19,23 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from sluice_contracts import runtime_credential
+
 from .config import Timeouts
 from .errors import GatewayError
 from .metrics import GatewayMetrics
 from .picker import Attempt, Picker
-from .upstream_client import ConnectionPool, UpstreamError, UpstreamResponse
+from .upstream_client import ConnectionPool, ResponseTooLarge, UpstreamError, UpstreamResponse
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_USAGE_WINDOW = 4096  # bytes from the start of the usage object that hold all of it
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"([a-z_]+)"')
 _RETRY_STATUSES = {500, 502, 503, 504}
 _MAX_PENDING = 1024 * 1024  # bytes of an unfinished event held back, at most
+_MAX_ERROR_BODY = 64 * 1024  # of an upstream error, only the message is passed on
 
 
 @dataclass(slots=True)
@@ -50,18 +57,19 @@ class Outcome:
 
 
 class Upstream:
-    def __init__(self, timeouts: Timeouts, picker: Picker, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, timeouts: Timeouts, picker: Picker, metrics: GatewayMetrics, *,
+        credential: Callable[[], str | None], max_response_bytes: int,
+    ) -> None:
         self._timeouts = timeouts
         self._picker = picker
         self._metrics = metrics
-        self.pool: ConnectionPool | None = None
+        self._credential = credential
+        self._max_response_bytes = max_response_bytes
+        self.pool = ConnectionPool(timeouts.connect_s)
 
-    async def start(self) -> None:
-        self.pool = ConnectionPool(self._timeouts.connect_s)
-
-    async def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
+    def close(self) -> None:
+        self.pool.close()
 
     async def forward(
         self,
@@ -78,11 +86,13 @@ class Upstream:
         send: Send,
         outcome: Outcome,
     ) -> None:
-        assert self.pool is not None
         loop = asyncio.get_running_loop()
         total_deadline = loop.time() + self._timeouts.total_s
         headers = {"content-type": "application/json", "x-request-id": request_id}
-        last_error: tuple[int, bytes, str] | None = None
+        credential = self._credential()
+        if credential is not None:
+            headers[runtime_credential.HEADER] = credential
+        last_error: GatewayError | None = None
         for attempt in islice(attempts, max_attempts):
             outcome.attempts += 1
             if outcome.attempts > 1:
@@ -109,19 +119,9 @@ class Upstream:
                     raise GatewayError(504, "the model did not answer in time", code="upstream_timeout") from None
                 headers_at = time.perf_counter()
                 outcome.upstream_s = headers_at - sent_at
-                if resp.status in _RETRY_STATUSES:
-                    try:
-                        async with asyncio.timeout_at(total_deadline):
-                            error_body = await resp.read()
-                    except (UpstreamError, TimeoutError):
-                        error_body = b""
-                    finally:
-                        resp.release()
-                    last_error = (resp.status, error_body, resp.headers.get("retry-after", ""))
-                    if resp.status == 503:
-                        self._metrics.upstream_errors.labels(attempt.backend.name, "overloaded").inc()
-                    else:
-                        self._failed(attempt, f"status_{resp.status}")
+                refusal = await self._refusal(resp, attempt, total_deadline)
+                if refusal is not None:
+                    last_error = refusal
                     continue
                 self._picker.report_success(endpoint)
                 self._metrics.upstream_latency.labels(attempt.route, attempt.backend.name).observe(outcome.upstream_s)
@@ -134,9 +134,7 @@ class Upstream:
             finally:
                 endpoint.in_flight -= 1
         if last_error is not None:
-            status, body, retry_after = last_error
-            extra = [(b"retry-after", retry_after.encode())] if retry_after else []
-            raise GatewayError(status, _upstream_message(body, status), headers=extra, code="upstream_error")
+            raise last_error
         if outcome.attempts == 0:
             raise GatewayError(
                 503, "no endpoint can serve this model right now", code="no_ready_endpoint",
@@ -145,6 +143,34 @@ class Upstream:
         raise GatewayError(
             503, "no endpoint of this model could be reached; try again shortly", code="upstream_unreachable",
             headers=[(b"retry-after", b"1")],
+        )
+
+    async def _refusal(self, resp: UpstreamResponse, attempt: Attempt, deadline: float) -> GatewayError | None:
+        """The error to answer if no other endpoint does, when this one refused the request (None: it answered)."""
+        if resp.status == 401:
+            # The runtime refused the gateway's credential (a rotation not yet seen by both sides, or a wrong
+            # Secret). The client's key is not at fault, so the client must not see the runtime's 401.
+            resp.close()
+            self._metrics.upstream_errors.labels(attempt.backend.name, "unauthorized").inc()
+            return GatewayError(502, "the model server refused the gateway's runtime credential",
+                                code="upstream_unauthorized")
+        if resp.status not in _RETRY_STATUSES:
+            return None
+        try:
+            async with asyncio.timeout_at(deadline):
+                error_body = await resp.read(_MAX_ERROR_BODY)
+        except (UpstreamError, TimeoutError):
+            error_body = b""
+        finally:
+            resp.release()
+        if resp.status == 503:
+            self._metrics.upstream_errors.labels(attempt.backend.name, "overloaded").inc()
+        else:
+            self._failed(attempt, f"status_{resp.status}")
+        retry_after = resp.headers.get("retry-after", "")
+        return GatewayError(
+            resp.status, _upstream_message(error_body, resp.status), code="upstream_error",
+            headers=[(b"retry-after", retry_after.encode())] if retry_after else [],
         )
 
     def _events(self, events: bytes, strip_usage: bool, started: float, outcome: Outcome) -> bytes:
@@ -177,7 +203,14 @@ class Upstream:
             if not stream:
                 try:
                     async with asyncio.timeout_at(total_deadline):
-                        data = await resp.read()
+                        data = await resp.read(self._max_response_bytes)
+                except ResponseTooLarge:
+                    self._metrics.upstream_errors.labels(outcome.backend, "response_too_large").inc()
+                    raise GatewayError(
+                        502, f"the model's response is larger than the gateway's limit of "
+                        f"{self._max_response_bytes} bytes; ask for fewer tokens, choices or logprobs, or stream it",
+                        code="upstream_response_too_large",
+                    ) from None
                 except (UpstreamError, TimeoutError) as exc:
                     if isinstance(exc, TimeoutError):
                         raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
@@ -241,23 +274,39 @@ def _overhead_header(outcome: Outcome) -> tuple[bytes, bytes]:
 
 
 def _read_usage(data: bytes, outcome: Outcome) -> None:
-    if not _USAGE.search(data):
+    """Usage and the first choice's finish reason, without parsing the body (it may be megabytes of logprobs).
+
+    Inside JSON strings quotes are escaped, so an unescaped `"usage": {` is a key; OpenAI bodies have one,
+    at the top level. Only the object after it is decoded.
+    """
+    finish = _FINISH.search(data)
+    if finish:
+        outcome.finish_reason = finish.group(1).decode()
+    at = len(data)
+    while (at := data.rfind(b'"usage"', 0, at)) >= 0:
+        key = _USAGE.match(data, at)
+        if key is None:
+            continue
+        window = data[key.end() - 1 : key.end() - 1 + _USAGE_WINDOW].decode("utf-8", errors="replace")
+        try:
+            usage, _ = json.JSONDecoder().raw_decode(window)
+        except ValueError:
+            return
+        _take_usage(usage, outcome)
         return
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        return
-    _take_usage(parsed, outcome)
-    choices = parsed.get("choices") if isinstance(parsed, dict) else None
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        outcome.finish_reason = choices[0].get("finish_reason")
 
 
-def _take_usage(parsed: Any, outcome: Outcome) -> None:
-    usage = parsed.get("usage") if isinstance(parsed, dict) else None
-    if isinstance(usage, dict):
-        outcome.prompt_tokens = usage.get("prompt_tokens")
-        outcome.completion_tokens = usage.get("completion_tokens", 0)
+def _take_usage(usage: Any, outcome: Outcome) -> None:
+    """Counts only when both are plain non-negative integers: anything else leaves the reservation as it was."""
+    if not isinstance(usage, dict):
+        return
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+    if _is_count(prompt) and _is_count(completion):
+        outcome.prompt_tokens, outcome.completion_tokens = prompt, completion
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 53
 
 
 def _inspect_events(events: bytes, strip_usage: bool, outcome: Outcome) -> bytes:
@@ -271,9 +320,11 @@ def _inspect_events(events: bytes, strip_usage: bool, outcome: Outcome) -> bytes
     for event in events.split(b"\n\n"):
         if event and _USAGE.search(event) and event.startswith(b"data:"):
             try:
-                _take_usage(json.loads(event[5:]), outcome)
+                parsed = json.loads(event[5:])
             except ValueError:
-                pass
+                parsed = None
+            if isinstance(parsed, dict):
+                _take_usage(parsed.get("usage"), outcome)
             if strip_usage and _EMPTY_CHOICES.search(event):
                 continue
         kept.append(event)

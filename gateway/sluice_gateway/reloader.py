@@ -1,8 +1,8 @@
 """Keeps the routing table file in force: reloads it when it changes, keeps the last good one on errors.
 
-Polling the file's identity (works for a ConfigMap volume too, whose kubelet swaps a symlink) avoids
-an inotify dependency; swapping the table is one reference assignment, so in-flight requests keep the
-table they started with and none is dropped.
+Swapping the table is one reference assignment, so in-flight requests keep the table they started with
+and none is dropped. A table that is malformed when the gateway starts leaves it not ready (there is no
+good one to serve) until the file is fixed, instead of stopping the process.
 
 A missing file is an empty table, not an error: in the cluster the table is an optional ConfigMap volume
 that the operator creates with the first InferenceModel of the namespace and deletes with the last one,
@@ -10,61 +10,45 @@ so the gateway starts before any model exists and stops routing to models that a
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from .file_watch import FileWatch
 from .routing_table import RoutingTable, RoutingTableError, load_routing_table
 
 log = logging.getLogger("sluice_gateway.routes")
 
 
 class RoutesReloader:
-    def __init__(
-        self, path: Path, interval_s: float, apply: Callable[[RoutingTable], None], rejected: Callable[[], None]
-    ) -> None:
-        self._path = path
-        self._interval = interval_s
+    def __init__(self, path: Path, apply: Callable[[RoutingTable], None], rejected: Callable[[], None]) -> None:
+        self._watch = FileWatch(path)
         self._apply = apply
         self._rejected = rejected
-        self._seen: tuple[int, int, int] | None = None
-
-    def _identity(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self._path)
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def load_now(self) -> RoutingTable:
-        """The first load: an invalid table here stops the gateway with the reason."""
-        self._seen = self._identity()
-        if self._seen is None:
-            log.warning("routing table %s does not exist (yet): every model answers 404 until it does", self._path)
-            return RoutingTable()
-        return load_routing_table(self._path)
+        self.in_force = False  # some table from this file (or its absence) is being served
+        self.problem: str | None = None  # why the file on disk is not in force, while it is not
 
     def check(self) -> None:
-        identity = self._identity()
-        if identity == self._seen:
+        """Apply the file if it changed since the last check (the first check always applies it)."""
+        if not self._watch.changed():
             return
-        self._seen = identity
-        if identity is None:
-            log.warning("routing table %s is gone: every model answers 404 until it is back", self._path)
-            self._apply(RoutingTable())
+        path = self._watch.path
+        if not self._watch.exists:
+            log.warning("routing table %s does not exist: every model answers 404 until it does", path)
+            self._use(RoutingTable())
             return
         try:
-            table = load_routing_table(self._path)
+            table = load_routing_table(path)
         except RoutingTableError as exc:
             self._rejected()
-            log.error("routing table %s rejected, keeping the previous one: %s", self._path, exc)
+            self.problem = str(exc)
+            kept = "keeping the previous one" if self.in_force else "not ready until a valid table arrives"
+            log.error("routing table %s rejected, %s: %s", path, kept, exc)
             return
-        log.info("routing table %s reloaded: generation %d, %d routes", self._path, table.generation, len(table.routes))
-        self._apply(table)
+        log.info("routing table %s loaded: generation %d, %d routes", path, table.generation, len(table.routes))
+        self._use(table)
 
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            self.check()
+    def _use(self, table: RoutingTable) -> None:
+        self.in_force = True
+        self.problem = None
+        self._apply(table)

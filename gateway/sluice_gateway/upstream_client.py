@@ -28,6 +28,10 @@ class UpstreamError(Exception):
         self.connect = connect
 
 
+class ResponseTooLarge(UpstreamError):
+    """The response body is larger than the caller is willing to hold."""
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, pool: "ConnectionPool", key: tuple[str, int]) -> None:
         self.pool = pool
@@ -156,8 +160,18 @@ class UpstreamResponse:
             await self._waiter
             self._waiter = None
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.iter_chunks()])
+    async def read(self, limit: int) -> bytes:
+        """The whole body, refused past `limit` bytes (declared or received) before more is held."""
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ResponseTooLarge(f"the response declares {declared} bytes, more than {limit}")
+        chunks, size = [], 0
+        async for chunk in self.iter_chunks():
+            size += len(chunk)
+            if size > limit:
+                raise ResponseTooLarge(f"the response is larger than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def release(self) -> None:
         """Hand the connection back: to the pool when the response was read whole, else closed."""

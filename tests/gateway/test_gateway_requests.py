@@ -148,7 +148,7 @@ def test_metrics_count_requests_tokens_and_load(gateway):
     assert gateway.metric("sluice_gateway_overhead_seconds_count") >= 1
     assert gateway.metric("sluice_gateway_endpoint_up") == 1
     assert gateway.metric("sluice_gateway_routing_table_generation") == 1
-    text = httpx.get(f"{gateway.url}/metrics").text
+    text = httpx.get(f"{gateway.metrics_url}/metrics").text
     assert 'sluice_gateway_endpoint_load{endpoint=' in text
     assert json.loads(httpx.get(f"{gateway.url}/ready").text)["status"] == "ready"
 

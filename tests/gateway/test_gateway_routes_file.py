@@ -10,16 +10,31 @@ TABLE = {"version": 1, "generation": 4, "routes": {"chat": {"backends": [
 def test_a_missing_file_is_an_empty_table_until_it_appears_and_again_once_it_goes(tmp_path):
     path = tmp_path / "routes" / "routing-table.json"
     applied = []
-    reloader = RoutesReloader(path, 1.0, applied.append, lambda: None)
-    assert reloader.load_now().routes == {}
+    reloader = RoutesReloader(path, applied.append, lambda: None)
+    reloader.check()
+    assert applied[0].routes == {} and reloader.in_force, "no file yet: an empty table, and that is fine"
 
     reloader.check()
-    assert applied == [], "nothing changed"
+    assert len(applied) == 1, "nothing changed"
     path.parent.mkdir()
     path.write_text(json.dumps(TABLE))
     reloader.check()
-    assert [t.generation for t in applied] == [4] and "chat" in applied[0].routes
+    assert [t.generation for t in applied[1:]] == [4] and "chat" in applied[1].routes
 
     path.unlink()
     reloader.check()
-    assert len(applied) == 2 and applied[1].routes == {}
+    assert len(applied) == 3 and applied[2].routes == {}
+
+
+def test_a_malformed_first_table_is_not_in_force_until_it_is_fixed(tmp_path):
+    path = tmp_path / "routing-table.json"
+    path.write_text("{ not json")
+    applied, rejected = [], []
+    reloader = RoutesReloader(path, applied.append, lambda: rejected.append(1))
+    reloader.check()
+    assert applied == [] and not reloader.in_force and "neither JSON nor YAML" in reloader.problem
+    assert rejected == [1]
+
+    path.write_text(json.dumps(TABLE))
+    reloader.check()
+    assert reloader.in_force and reloader.problem is None and applied[0].generation == 4
