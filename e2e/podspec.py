@@ -41,6 +41,23 @@ def remap(text: str, mounts: list[Mount]) -> str:
     return re.sub(rf"(^|[=:])({paths})(?=$|[/:])", lambda match: match.group(1) + local[match.group(2)], text)
 
 
+def remap_contents(content: bytes, mounts: list[Mount]) -> bytes:
+    """Mount paths inside a text file (a config file naming another mounted file, as in
+    `upstream_credential_file: /var/run/x/key`) become their local directories too: after the start of a line,
+    a space, a quote, `=` or `:`. Files that are not UTF-8 text are left as they are."""
+    if not mounts:
+        return content
+    try:
+        text = content.decode()
+    except UnicodeDecodeError:
+        return content
+    local = {mount.path: str(mount.local) for mount in mounts}
+    paths = "|".join(re.escape(path) for path in sorted(local, key=len, reverse=True))
+    remapped = re.sub(rf"(^|[\s\"'=:])({paths})(?=$|[/\s\"':])", lambda m: m.group(1) + local[m.group(2)], text,
+                      flags=re.MULTILINE)
+    return remapped.encode()
+
+
 @dataclass
 class ProcessSpec:
     container: str

@@ -6,7 +6,7 @@ start of an argument, an env value or after `=`/`:` in one (`--config=/etc/app/a
 to the local directory. ConfigMap and Secret contents are written the way the kubelet writes them: the
 files are symlinks into a `..data` link that is swapped atomically, so a reader never sees half an
 update, and they are refreshed when the object changes (within a second; the kubelet takes up to a
-minute).
+minute). Mount paths inside their text files are rewritten too (podspec.remap_contents).
 
 Supported: emptyDir, configMap, secret, and projected volumes of those plus serviceAccountToken and
 downwardAPI (what the ServiceAccount admission plugin injects as `kube-api-access-*`). Others are a
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from e2e.podspec import ContainerConfigError, Mount, ObjectReader, field_value
+from e2e.podspec import ContainerConfigError, Mount, ObjectReader, field_value, remap_contents
 
 # (namespace, service account, pod name, pod uid, audience or None, expiration seconds) -> token
 TokenIssuer = Callable[[str, str, str, str, "str | None", int], str]
@@ -60,6 +60,15 @@ class PodVolumes:
                     self._write(name, self._payload(volume))
                 except ContainerConfigError:
                     pass  # like the kubelet: a running container keeps the files it has
+
+    def _pod_mounts(self) -> list[Mount]:
+        """Every container's mounts, for the paths inside the volumes' own files."""
+        found: dict[str, Path] = {}
+        for container in self.pod["spec"].get("containers") or []:
+            for mount in container.get("volumeMounts") or []:
+                local = self.root / mount["name"] / mount.get("subPath", "")
+                found.setdefault(mount["mountPath"].rstrip("/") or "/", local)
+        return [Mount(path, local) for path, local in found.items()]
 
     def mounts(self, container: dict) -> list[Mount]:
         volumes = self._volumes()
@@ -119,6 +128,8 @@ class PodVolumes:
 
     def _write(self, name: str, payload: dict[str, bytes]) -> None:
         """The kubelet's atomic writer: a fresh timestamped directory, then one rename of the `..data` link."""
+        mounts = self._pod_mounts()
+        payload = {path: remap_contents(content, mounts) for path, content in payload.items()}
         if self._payloads.get(name) == payload:
             return
         directory = self.root / name

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -27,12 +28,26 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--health-port", type=int, default=8081,
                      help="serves /healthz (liveness) and /metrics (sluice_operator_*); 0 disables both")
     run.add_argument("--autoscale-interval", type=float, default=15.0, help="seconds between autoscaler ticks")
+    run.add_argument(
+        "--release", type=_dns_label, default=None,
+        help="the Sluice release served (the chart's fullname): runtime pods get the runtime credential, Secret "
+             "RELEASE-runtime-credential of --release-namespace, copied into every namespace served; "
+             "without it runtime pods check no credential (local use)",
+    )
+    run.add_argument("--release-namespace", type=_dns_label, default=None,
+                     help="the namespace the release's operator and gateway run in (needed with --release)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
 
     crds = commands.add_parser("crds", help="write crds/*.yaml from the pydantic models")
     crds.add_argument("--out", type=Path, default=Path("crds"), help="directory to write into")
     crds.add_argument("--check", action="store_true", help="only report whether the files are up to date")
     return parser
+
+
+def _dns_label(value: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a DNS label (at most 63 lowercase letters, digits, '-')")
+    return value
 
 
 def _crds(out: Path, check: bool) -> int:
@@ -55,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         return _crds(args.out, args.check)
     if args.command is None:
         args = _parser().parse_args(["run"])
+    if (args.release is None) != (args.release_namespace is None):
+        _parser().error("--release and --release-namespace go together")
+    from .builders import Release
     from .handlers.runner import OperatorOptions, run_operator
 
     return run_operator(
@@ -64,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             priority=args.priority if args.priority is not None else random.randint(1, 2**31 - 1),
             health_port=args.health_port,
             autoscale_interval=args.autoscale_interval,
+            release=Release(args.release, args.release_namespace) if args.release else None,
             verbose=args.verbose,
         )
     )

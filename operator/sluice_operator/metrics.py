@@ -9,7 +9,7 @@ class OperatorMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.reconciles = Counter(
-            "sluice_operator_reconciles", "InferenceModel reconciles by outcome: applied, invalid_spec, refused, retry.",
+            "sluice_operator_reconciles", "InferenceModel reconciles by outcome: applied, invalid_spec, refused, conflict, retry.",
             ["outcome"], registry=r)
         self.compile_seconds = Histogram(
             "sluice_operator_routing_table_compile_seconds", "Time to compile and publish one namespace's routing table.",

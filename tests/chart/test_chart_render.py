@@ -180,3 +180,29 @@ def test_the_peering_object_belongs_to_the_release(helm, default_objects, full_o
     assert not by_kind(full_objects, "ClusterKopfPeering")
     standalone = helm.template("--set", "operator.leaderElection.enabled=false")
     assert not by_kind(standalone, "ClusterKopfPeering") and not by_kind(standalone, "KopfPeering")
+
+
+def test_gateway_presents_the_runtime_credential_the_operator_fills(helm, default_objects, tmp_path):
+    from sluice_contracts import runtime_credential
+
+    from sluice_gateway.config import load_config
+
+    name = runtime_credential.secret_name("sluice")
+    shell = one(default_objects, "Secret", "-runtime-credential")
+    assert shell["metadata"]["name"] == name and "data" not in shell and "stringData" not in shell, \
+        "rendered empty: a helm upgrade must never overwrite the operator's credential"
+    args = pod_spec(one(default_objects, "Deployment", "-operator"))["containers"][0]["args"]
+    assert {"--release=sluice", "--release-namespace=sluice"} <= set(args)
+    spec = pod_spec(one(default_objects, "Deployment", "-gateway"))
+    volume = next(v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == name)
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["mountPath"] == runtime_credential.MOUNT_DIR and "subPath" not in mount
+    assert volume["secret"]["items"] == [{"key": runtime_credential.SECRET_KEY, "path": runtime_credential.SECRET_KEY}]
+    (tmp_path / "gateway.yaml").write_text(one(default_objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
+    assert str(load_config(tmp_path / "gateway.yaml").upstream_credential_file) == runtime_credential.MOUNT_PATH
+
+    # A gateway-only release next to models another release's operator serves mounts that release's copy.
+    alone = helm.template("--set", "operator.enabled=false", "--set", "gateway.runtimeCredentialSecret=prod-runtime-credential")
+    assert not [s for s in by_kind(alone, "Secret") if s["metadata"]["name"].endswith("-runtime-credential")]
+    assert any(v.get("secret", {}).get("secretName") == "prod-runtime-credential"
+               for v in pod_spec(one(alone, "Deployment", "-gateway"))["volumes"])

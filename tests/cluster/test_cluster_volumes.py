@@ -134,3 +134,21 @@ def test_remap_only_touches_whole_path_components():
     assert podspec.remap("/cachex", mounts) == "/cachex"
     assert podspec.remap("a/cache", mounts) == "a/cache"
     assert podspec.remap("--dir=/cache/models", mounts) == "--dir=/local/c/models"
+
+
+def test_mount_paths_inside_config_files_become_local_directories(tmp_path):
+    """The gateway's config names the credential file at its mount path; a process must find it locally."""
+    pod = {**POD, "spec": {**POD["spec"], "containers": [CONTAINER]}}
+    objects = Objects()
+    objects.data[("Secret", "prod", "gw")] = {"gateway.yaml": (
+        "upstream_credential_file: /etc/routes/key\nquoted: '/tmp/x'\nflag: --dir=/tmp\n"
+        "url: http://host/tmp/x\nother: /etc/gwx\nnested: a/tmp/b\n")}
+    objects.data[("ConfigMap", "prod", "table")] = {"table.json": '{"path": "/tmp/y"}'}
+    vols = PodVolumes(tmp_path / "pod", pod, objects.read, objects.issue)
+    vols.setup()
+    root = tmp_path / "pod"
+    assert (root / "config" / "gateway.yaml").read_text() == (
+        f"upstream_credential_file: {root}/routes/key\nquoted: '{root}/tmp/x'\nflag: --dir={root}/tmp\n"
+        "url: http://host/tmp/x\nother: /etc/gwx\nnested: a/tmp/b\n")
+    assert (root / "routes" / "table.json").read_text() == f'{{"path": "{root}/tmp/y"}}'
+    assert podspec.remap_contents(b"\xff/tmp", vols.mounts(CONTAINER)) == b"\xff/tmp", "not text: left alone"

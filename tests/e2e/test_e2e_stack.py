@@ -15,6 +15,7 @@ import time
 import openai
 import pytest
 import yaml
+from sluice_contracts import runtime_credential
 
 from fixtures.sluice_stack import ADMIN_KEY, NAMESPACE, RELEASE, REPO, ROUTING_TABLE, ready, wait_for
 
@@ -76,6 +77,9 @@ def test_1_helm_install(stack, record_property):
     for crd in ("inferencemodels.sluice.dev", "modelroutes.sluice.dev"):
         stack.cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=30s")
     assert stack.get("secret", f"{RELEASE}-gateway") is not None, "the tenant Secret"
+    # Rendered empty by the chart, filled by the operator (the gateway's pod waited for it).
+    credential = stack.get("secret", runtime_credential.secret_name(RELEASE))
+    assert len(credential["data"][runtime_credential.SECRET_KEY]) >= 40
     (operator,) = stack.pods("app.kubernetes.io/component=operator")
     gateway = stack.gateway_pod()
     assert ready(operator) and ready(gateway)
@@ -136,6 +140,50 @@ def test_3_openai_client_through_the_gateway(stack):
         stack.client(key="sk-not-a-key").chat.completions.create(
             model="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
     assert refused.value.status_code == 401
+
+
+# Run by a pod that is not the gateway but carries its labels: every inference path of a runtime pod, with the
+# tenant's key (which only the gateway accepts), then the paths the scraper uses.
+BYPASS = """
+import sys, urllib.error, urllib.request
+body = b'{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}'
+for path, data in (("/v1/chat/completions", body), ("/v1/completions", b'{"model": "smollm2", "prompt": "Hi"}'),
+                   ("/v1/models", None), ("/tokenize", b'{"prompt": "Hi"}'), ("/metrics", None), ("/load", None)):
+    request = urllib.request.Request(sys.argv[1] + path, data=data, headers={
+        "content-type": "application/json", "authorization": "Bearer sk-sluice-e2e"})
+    try:
+        code = urllib.request.urlopen(request, timeout=60).status
+    except urllib.error.HTTPError as error:
+        code = error.code
+    print("status", path, code, flush=True)
+"""
+
+
+def test_3b_runtime_pods_refuse_a_pod_without_the_credential(stack):
+    """Forged gateway labels get a pod past any NetworkPolicy; without the release's credential it still gets 401."""
+    (runtime,) = stack.model_pods("smollm2")
+    gateway = stack.gateway_pod()
+    labels = {k: v for k, v in gateway["metadata"]["labels"].items() if k != "pod-template-hash"}
+    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                  "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bypass", "labels": labels},
+           "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [{
+               "name": "probe", "image": "python:3.11-slim", "command": ["python", "-c", BYPASS],
+               "args": [f"http://{runtime['status']['podIP']}:8000"], "securityContext": restricted}]}}
+    stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
+    try:
+        wait_for(lambda: (stack.get("pod", "bypass") or {}).get("status", {}).get("phase") == "Succeeded",
+                 timeout=90, what="the bypass pod to finish")
+        log = (stack.launcher.log_dir / f"{NAMESPACE}_bypass_probe.log").read_text()
+    finally:
+        stack.kubectl("delete", "pod", "bypass", "--wait=true", "--timeout=60s")
+    codes = {line.split()[1]: int(line.split()[2]) for line in log.splitlines() if line.startswith("status ")}
+    assert codes == {"/v1/chat/completions": 401, "/v1/completions": 401, "/v1/models": 401, "/tokenize": 401,
+                     "/metrics": 200, "/load": 200}, log
+    # The gateway holds the credential: the same request through it is served.
+    reply = stack.client().chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=2)
+    assert reply.usage.completion_tokens > 0
 
 
 def _canary_route(smollm2: int, canary: int) -> str:

@@ -194,3 +194,43 @@ def test_runtime_user_is_the_images_own():
     dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile.runtime").read_text()
     uid = build_deployment(OWNER, _spec())["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
     assert f"useradd --uid {uid} " in dockerfile and f"USER {uid}:{uid}" in dockerfile
+
+
+def test_runtime_pods_get_the_release_credential_as_a_whole_secret_volume():
+    from sluice_contracts import runtime_credential
+
+    from sluice_operator.builders import Release
+
+    release = Release("sluice", "sluice-system")
+    deployment = next(o for o in build_all(OWNER, _spec(), release) if o["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    assert _flag(container["args"], "--api-key-file") == runtime_credential.MOUNT_PATH
+    volume = next(v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "sluice-runtime-credential")
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    # No subPath: the kubelet updates a whole Secret volume in place, so a rotated credential reaches the pod.
+    assert mount["mountPath"] == runtime_credential.MOUNT_DIR and "subPath" not in mount and mount["readOnly"]
+    assert volume["secret"]["items"] == [{"key": runtime_credential.SECRET_KEY, "path": runtime_credential.SECRET_KEY}]
+    # Without a release (local use) the runtime checks nothing and mounts nothing.
+    plain = _container(build_deployment(OWNER, _spec()))
+    assert "--api-key-file" not in plain["args"] and all("credential" not in m["name"] for m in plain["volumeMounts"])
+
+
+@pytest.mark.parametrize("args", [["--api-key-file", "/dev/null"], ["--api-key-file=/tmp/k"], ["--api-key", "/x"],
+                                  ["--seed", "1", "--ap", "/x"]])
+def test_runtime_args_cannot_replace_the_credential(args):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="must not set --api-key-file"):
+        _spec(runtime={"args": args})
+    assert _spec(runtime={"args": ["--attention-backend", "sdpa"]})  # other flags still pass
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({"api-key": "c2VjcmV0"}, "secret"), ({"api-key": "c2VjcmV0Cg=="}, "secret"), ({"api-key": ""}, None),
+    ({}, None), (None, None), ({"api-key": "not base64!"}, None), ({"api-key": "/w=="}, None),
+])
+def test_a_credential_is_read_only_from_usable_secret_data(data, expected):
+    from sluice_operator.builders import read_credential
+
+    assert read_credential({"data": data}) == expected

@@ -7,18 +7,21 @@ autoscaler safety-rail test relies on.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
+from sluice_contracts import runtime_credential
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +30,8 @@ RBAC = ROOT / "operator" / "sluice_operator" / "rbac" / "operator.yaml"
 SAMPLES = ROOT / "config" / "samples"
 INVALID = yaml.safe_load((Path(__file__).parent / "data" / "invalid_specs.yaml").read_text())
 TABLE = "sluice-routing-table"
+RELEASE = "sluice"  # the release the RBAC file's resourceNames are written for
+CREDENTIAL = runtime_credential.secret_name(RELEASE)
 ENFORCE = "pod-security.kubernetes.io/enforce"
 # A model whose pods the launcher runs as processes (the others are kwok's alone), sized for a 2-core machine.
 SERVED = {
@@ -95,8 +100,11 @@ def _service_account_kubeconfig(cluster, namespace: str, path: Path) -> None:
 
 
 class Operator:
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path, peering: str, priority: int | None = None):
-        self.kubeconfig, self.namespace, self.log = kubeconfig, namespace, log
+    """`sluice-operator run` serving release RELEASE: its own namespace and `other`, each watched."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, other: str, log: Path, peering: str,
+                 priority: int | None = None):
+        self.kubeconfig, self.namespace, self.other, self.log = kubeconfig, namespace, other, log
         self.peering, self.priority = peering, priority
         self.process: subprocess.Popen | None = None
 
@@ -107,6 +115,7 @@ class Operator:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         self.process = subprocess.Popen(
             [str(Path(sys.executable).parent / "sluice-operator"), "run", "--namespace", self.namespace,
+             "--namespace", self.other, "--release", RELEASE, "--release-namespace", self.namespace,
              "--peering", self.peering, "--health-port", str(port), "--autoscale-interval", "2",
              *(["--priority", str(self.priority)] if self.priority is not None else [])],
             env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
@@ -140,9 +149,11 @@ def setup(kube_cluster, tmp_path_factory):
     kube_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
     kube_cluster.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
                          "crd/inferencemodels.sluice.dev", "crd/modelroutes.sluice.dev")
-    kube_cluster.kubectl("create", "namespace", namespace)
-    # Every runtime pod the operator creates here must pass the strictest profile.
-    kube_cluster.kubectl("label", "namespace", namespace, f"{ENFORCE}=restricted")
+    other = f"{namespace}-other"
+    for created in (namespace, other):
+        kube_cluster.kubectl("create", "namespace", created)
+        # Every runtime pod the operator creates here must pass the strictest profile.
+        kube_cluster.kubectl("label", "namespace", created, f"{ENFORCE}=restricted")
     rbac = RBAC.read_text().replace("namespace: sluice-system", f"namespace: {namespace}").replace(
         "name: sluice-operator\n  labels", f"name: sluice-operator-{namespace}\n  labels").replace(
         "kind: ClusterRole, name: sluice-operator}", f"kind: ClusterRole, name: sluice-operator-{namespace}}}")
@@ -150,13 +161,13 @@ def setup(kube_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("operator")
     kubeconfig = tmp / "kubeconfig"
     _service_account_kubeconfig(kube_cluster, namespace, kubeconfig)
-    operator = Operator(kubeconfig, namespace, tmp / "operator.log", peering=f"sluice-test-{uuid.uuid4().hex[:6]}",
-                        priority=100)
+    operator = Operator(kubeconfig, namespace, other, tmp / "operator.log",
+                        peering=f"sluice-test-{uuid.uuid4().hex[:6]}", priority=100)
     operator.start()
     yield Api(kube_cluster, namespace), operator
     operator.stop()
     print(f"operator log: {operator.log}")
-    kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    kube_cluster.kubectl("delete", "namespace", namespace, other, "--wait=false", check=False)
     kube_cluster.kubectl("delete", "clusterrole,clusterrolebinding", f"sluice-operator-{namespace}", check=False)
 
 
@@ -310,38 +321,113 @@ def test_unschedulable_model_is_degraded_not_retried(setup):
     api.run("delete", "im", "big")
 
 
-def _served_pod(api) -> dict:
-    api.apply(SERVED)
-    api.run("wait", "--for=condition=Ready", "im/served", "--timeout=240s")
-    pods = json.loads(api.run("get", "pods", "-l", "sluice.dev/inference-model=served", "-o", "json").stdout)["items"]
-    (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    return pod
+def _credential(api) -> str:
+    secret = api.get("secret", CREDENTIAL)
+    return base64.b64decode(secret["data"][runtime_credential.SECRET_KEY]).decode()
 
 
-def test_runtime_pods_pass_the_restricted_profile_and_serve(setup, launcher, smollm2_dir):
+@pytest.fixture(scope="module")
+def served(setup, kube_cluster, smollm2_dir):
+    """One model whose pod the launcher runs as a process, in the restricted namespace: its Ready pod."""
+    from e2e.launcher import Launcher
+
+    from fixtures.cluster import pinned_env
+
+    api, _ = setup
+    with Launcher(kube_cluster.kubeconfig, namespace=api.namespace, log=lambda line: print(line, file=sys.stderr),
+                  pinned_env=pinned_env()) as launcher:
+        api.apply(SERVED)
+        api.run("wait", "--for=condition=Ready", "im/served", "--timeout=240s")
+        items = json.loads(api.run("get", "pods", "-l", "sluice.dev/inference-model=served", "-o", "json").stdout)
+        (pod,) = [p for p in items["items"] if not p["metadata"].get("deletionTimestamp")]
+        yield launcher, pod
+        api.run("delete", "im", "served", "--wait=false")
+
+
+def test_runtime_pods_pass_the_restricted_profile_and_serve(setup, served):
     """The namespace enforces `restricted`: the operator's runtime pods are admitted, start and answer."""
     from openai import OpenAI
 
     api, _ = setup
-    assert api.cluster.kubectl("get", "namespace", api.namespace, "-o", "json").stdout.count(f'"{ENFORCE}": "restricted"')
+    launcher, pod = served
+    labels = json.loads(api.cluster.kubectl("get", "namespace", api.namespace, "-o", "json").stdout)["metadata"]["labels"]
+    assert labels[ENFORCE] == "restricted"
     # The check can fail: a pod with the defaults (root allowed, no seccomp profile) is refused here.
     refused = api.run("run", "plain", "--image=busybox", "--restart=Never", "--dry-run=server", check=False)
     assert refused.returncode != 0 and 'violates PodSecurity "restricted' in refused.stderr, refused.stderr
-    try:
-        pod = _served_pod(api)
-        client = OpenAI(base_url=f"http://{pod['status']['podIP']}:8000/v1", api_key="unused", max_retries=0,
-                        timeout=60)
-        reply = client.chat.completions.create(model="served", messages=[{"role": "user", "content": "Hi"}],
-                                               max_tokens=4)
-        assert reply.usage.completion_tokens > 0
-        # It wrote only where the pod spec gives it emptyDirs (the launcher's per-pod volume directories).
-        (pid,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _leads_group(int(p))
-                  and f"HOSTNAME={pod['metadata']['name']}".encode() in _environ(int(p)).split(b"\0")]
-        env = dict(item.split("=", 1) for item in _environ(pid).decode().split("\0") if "=" in item)
-        volumes = launcher.volume_dir / f"{api.namespace}_{pod['metadata']['name']}_{pod['metadata']['uid'][:8]}"
-        assert env["HOME"] == str(volumes / "home") and env["TMPDIR"] == str(volumes / "tmp"), env
-    finally:
-        api.run("delete", "im", "served", "--wait=false")
+
+    client = OpenAI(base_url=f"http://{pod['status']['podIP']}:8000/v1", api_key=_credential(api), max_retries=0,
+                    timeout=60)
+    reply = client.chat.completions.create(model="served", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert reply.usage.completion_tokens > 0
+    # It writes only where the pod spec gives it emptyDirs (the launcher's per-pod volume directories).
+    (pid,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _leads_group(int(p))
+              and f"HOSTNAME={pod['metadata']['name']}".encode() in _environ(int(p)).split(b"\0")]
+    env = dict(item.split("=", 1) for item in _environ(pid).decode().split("\0") if "=" in item)
+    volumes = launcher.volume_dir / f"{api.namespace}_{pod['metadata']['name']}_{pod['metadata']['uid'][:8]}"
+    assert env["HOME"] == str(volumes / "home") and env["TMPDIR"] == str(volumes / "tmp"), env
+
+
+def test_runtime_refuses_inference_without_the_release_credential(setup, served):
+    """Any process that reaches a runtime pod (another tenant's pod, forged labels and all) gets 401 without the
+    credential; probes and the scraper's paths stay open."""
+    api, _ = setup
+    _, pod = served
+    base = f"http://{pod['status']['podIP']}:8000"
+    body = json.dumps({"model": "served", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+    credential = _credential(api)
+
+    def status(path: str, headers: dict[str, str], data: bytes | None = None) -> tuple[int, dict | None]:
+        request = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json",
+                                                                          **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, None
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    for headers in ({}, {"authorization": "Bearer sk-sluice-e2e"}, {"authorization": f"Bearer {credential[:-1]}"},
+                    {"authorization": credential}, {"authorization": f"Basic {credential}"}):
+        code, error = status("/v1/chat/completions", headers, body)
+        assert code == 401 and error["error"]["type"], (headers, code, error)
+    for path in ("/metrics", "/load", "/health", "/ready"):
+        assert status(path, {})[0] == 200, path
+    assert status("/v1/chat/completions", {"authorization": runtime_credential.header_value(credential)}, body)[0] == 200
+
+
+def test_credential_is_copied_into_each_namespace_served_and_follows_the_source(setup):
+    api, operator = setup
+    other = Api(api.cluster, operator.other)
+    source = api.get("secret", CREDENTIAL)
+    assert source["metadata"]["labels"]["sluice.dev/release"] == RELEASE and len(_credential(api)) >= 32
+    other.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "copied"},
+                 "spec": {"model": {"source": "smollm2"}}})
+    wait_for(lambda: other.get("deployment", "copied"), what="the model's Deployment")
+    copy = other.get("secret", CREDENTIAL)
+    assert copy is not None, "the copy is there before the Deployment that mounts it"
+    assert _credential(other) == _credential(api)
+    (ref,) = copy["metadata"]["ownerReferences"]
+    assert ref["uid"] == other.get("im", "copied")["metadata"]["uid"]
+    pod = other.get("deployment", "copied")["spec"]["template"]["spec"]
+    assert any(v.get("secret", {}).get("secretName") == CREDENTIAL for v in pod["volumes"])
+    assert runtime_credential.MOUNT_PATH in pod["containers"][0]["args"]
+
+    # Rotated by hand: the copy follows.
+    rotated = "rotated-by-hand-" + uuid.uuid4().hex
+    api.run("patch", "secret", CREDENTIAL, "--type=merge", "-p", json.dumps(
+        {"data": {runtime_credential.SECRET_KEY: base64.b64encode(rotated.encode()).decode()}}))
+    wait_for(lambda: _credential(other) == rotated, what="the copy to follow the rotated source")
+    # Deleted, or emptied: the operator makes a fresh one, and the copy follows again.
+    api.run("delete", "secret", CREDENTIAL)
+    fresh = wait_for(lambda: api.get("secret", CREDENTIAL) and _credential(api), what="a fresh source")
+    assert fresh != rotated
+    wait_for(lambda: _credential(other) == fresh, what="the copy to follow the fresh source")
+    api.run("patch", "secret", CREDENTIAL, "--type=merge", "-p", json.dumps({"data": {runtime_credential.SECRET_KEY: ""}}))
+    wait_for(lambda: (value := _credential(api)) and value != fresh, what="the emptied source to be filled")
+    wait_for(lambda: _credential(other) == _credential(api), what="the copy to follow the refilled source")
+
+    other.run("delete", "im", "copied")
+    wait_for(lambda: other.get("secret", CREDENTIAL) is None, what="the copy to go with the namespace's last model")
 
 
 def _leads_group(pid: int) -> bool:
@@ -362,7 +448,7 @@ def _environ(pid: int) -> bytes:
 def test_only_the_leader_acts(setup, samples):
     """A second replica with a lower peering priority waits, and takes over when the leader leaves."""
     api, leader = setup
-    standby = Operator(leader.kubeconfig, leader.namespace, leader.log.with_name("standby.log"),
+    standby = Operator(leader.kubeconfig, leader.namespace, leader.other, leader.log.with_name("standby.log"),
                        peering=leader.peering, priority=1)
     standby.start()
     try:

@@ -62,7 +62,16 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- range $doc := regexSplit "(?m)^---\\s*$" (.Files.Get "files/operator-rbac.yaml") -1 }}
 {{- $object := fromYaml $doc }}
 {{- if eq (get $object "kind") "ClusterRole" }}
-{{- toYaml (get $object "rules") }}
+{{- toYaml (get $object "rules") | replace "sluice-runtime" (printf "%s-runtime" (include "sluice.fullname" $)) }}
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* The runtime credential (contracts/sluice_contracts/runtime_credential.py): the operator fills the Secret
+     `<fullname>-runtime-credential` of the release namespace and copies it into every namespace it serves;
+     the gateway and the runtime pods mount it at this directory. */}}
+{{- define "sluice.runtimeCredential.name" -}}
+{{- .Values.gateway.runtimeCredentialSecret | default (printf "%s-runtime-credential" (include "sluice.fullname" .)) -}}
+{{- end -}}
+{{- define "sluice.runtimeCredential.dir" -}}/var/run/sluice/runtime-credential{{- end -}}
+{{- define "sluice.runtimeCredential.key" -}}api-key{{- end -}}

@@ -4,17 +4,20 @@ from typing import Any
 from ..crd import InferenceModelSpec
 from .deployment import build_deployment
 from .disruption_budget import build_disruption_budget
-from .names import LABEL_MODEL, Owner, labels, selector_labels, selector_string
+from .names import LABEL_MODEL, Owner, labels, model_owner_references, selector_labels, selector_string
+from .release import Release, build_credential_copy, build_credential_source, read_credential
 from .service import build_service
 from .status import GENERATION_ANNOTATION, Observed, model_status
 
 
-def build_all(owner: Owner, spec: InferenceModelSpec) -> list[dict[str, Any]]:
+def build_all(owner: Owner, spec: InferenceModelSpec, release: Release | None = None) -> list[dict[str, Any]]:
     """Every object an InferenceModel owns, in the order they are applied."""
-    return [build_service(owner), build_disruption_budget(owner), build_deployment(owner, spec)]
+    credential = release.credential_secret if release is not None else None
+    return [build_service(owner), build_disruption_budget(owner), build_deployment(owner, spec, credential)]
 
 
 __all__ = [
-    "GENERATION_ANNOTATION", "LABEL_MODEL", "Observed", "Owner", "model_status", "build_all", "build_deployment", "build_disruption_budget",
-    "build_service", "labels", "selector_labels", "selector_string",
+    "GENERATION_ANNOTATION", "LABEL_MODEL", "Observed", "Owner", "Release", "model_status", "build_all",
+    "build_credential_copy", "build_credential_source", "build_deployment", "build_disruption_budget",
+    "build_service", "labels", "model_owner_references", "read_credential", "selector_labels", "selector_string",
 ]

@@ -5,6 +5,8 @@ import math
 import re
 from typing import Any
 
+from sluice_contracts import runtime_credential
+
 from ..crd import RUNTIME_PORT, InferenceModelSpec
 from .names import Owner, labels, selector_labels
 from .status import GENERATION_ANNOTATION
@@ -50,11 +52,27 @@ def _resources(spec: InferenceModelSpec) -> dict[str, Any]:
     return {"requests": amounts, "limits": limits}
 
 
-def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
+def _credential_volume(secret: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The release's runtime credential, the whole Secret as a volume (no subPath), so a rotation reaches the
+    running runtime, which reads the file again. Naming the key makes the pod wait until the Secret holds it."""
+    key = runtime_credential.SECRET_KEY
+    volume = {"name": "runtime-credential",
+              "secret": {"secretName": secret, "items": [{"key": key, "path": key}], "defaultMode": 0o440}}
+    return volume, {"name": "runtime-credential", "mountPath": runtime_credential.MOUNT_DIR, "readOnly": True}
+
+
+def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None = None) -> dict[str, Any]:
+    """`credential_secret`: the release's runtime credential (none: the runtime checks no credential)."""
     mount = model_mount(spec)
     volumes, mounts = writable_volumes()
     volumes += mount.volumes
     mounts += mount.mounts
+    args = runtime_args(owner.name, spec, mount, drain_seconds(spec))
+    if credential_secret is not None:
+        volume, volume_mount = _credential_volume(credential_secret)
+        volumes.append(volume)
+        mounts.append(volume_mount)
+        args += ["--api-key-file", runtime_credential.MOUNT_PATH]
     if spec.tensor_parallel_size > 1:
         # Tensor-parallel workers exchange activations through shared memory.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -70,7 +88,7 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec) -> dict[str, Any]:
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": ["sluice-runtime"],
-        "args": runtime_args(owner.name, spec, mount, drain_seconds(spec)),
+        "args": args,
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": _resources(spec),

@@ -51,3 +51,10 @@ def labels(name: str) -> dict[str, str]:
 def selector_string(name: str) -> str:
     """The same selector as `kubectl get pods -l`, for the scale subresource."""
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def model_owner_references(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every InferenceModel of a namespace as an owner of an object they share: it goes with the last of them,
+    should the operator be away then."""
+    return [{"apiVersion": API_VERSION, "kind": InferenceModel.kind, "name": m["metadata"]["name"],
+             "uid": m["metadata"]["uid"]} for m in models]

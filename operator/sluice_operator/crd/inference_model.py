@@ -21,6 +21,12 @@ MSG_HF_ONLY = "model.revision and model.tokenSecret only apply to an 'hf:' sourc
 MSG_MIN_MAX = "autoscaling.minReplicas must not be above autoscaling.maxReplicas"
 MSG_TP_GPUS = "tensorParallelSize above 1 needs at least that many GPUs in resources.gpus"
 MSG_ROLLOUT = "rollout.maxSurge and rollout.maxUnavailable cannot both be zero"
+# argparse takes any unambiguous prefix of a flag: '--ap' already names --api-key-file.
+CREDENTIAL_FLAG_PREFIX = "--ap"
+MSG_CREDENTIAL_ARG = (
+    "runtime.args must not set --api-key-file (or an abbreviation of it): the operator gives every runtime pod "
+    "the release's runtime credential"
+)
 MSG_NAME = (
     "InferenceModel names must be at most 63 lowercase letters, digits or '-', starting with a letter, "
     "since the Service of the model takes the same name"
@@ -121,8 +127,19 @@ class RuntimeSpec(SpecModel):
     args: list[str] = Field(
         default_factory=list, max_length=64,
         description="Extra command-line arguments appended to `sluice-runtime serve`.",
-        json_schema_extra={"items": {"type": "string", "maxLength": 1024}},
+        json_schema_extra={
+            "items": {"type": "string", "maxLength": 1024},
+            "x-kubernetes-validations": [cel(f"self.all(a, !a.startsWith('{CREDENTIAL_FLAG_PREFIX}'))",
+                                             MSG_CREDENTIAL_ARG)],
+        },
     )
+
+    @field_validator("args")
+    @classmethod
+    def _no_credential_override(cls, value: list[str]) -> list[str]:
+        if any(arg.startswith(CREDENTIAL_FLAG_PREFIX) for arg in value):
+            raise ValueError(MSG_CREDENTIAL_ARG)
+        return value
 
 
 class Toleration(SpecModel):

@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from ..builders import Owner, build_all
 from ..crd import InferenceModelSpec
-from .model_status import refresh
+from . import release_objects
+from .model_status import PLURAL, refresh
 from .state import OperatorState
 
 
@@ -22,6 +23,21 @@ def _api_message(exc: ApiException) -> str:
         return str(exc.reason)
 
 
+# A conflict ends when someone removes the foreign object, which brings no event to the model: look again.
+CONFLICT_RETRY_SECONDS = 30
+
+
+async def _report(state: OperatorState, body: dict[str, Any], key: tuple[str, str], reason: str, message: str,
+                  outcome: str) -> None:
+    """Why the model cannot be applied: in its status, and once as a Warning event."""
+    repeated = state.apply_errors.get(key) == (reason, message)
+    state.apply_errors[key] = (reason, message)
+    state.metrics.reconciles.labels(outcome).inc()
+    await refresh(state, *key)
+    if not repeated:
+        kopf.warn(body, reason=reason, message=message)
+
+
 async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> None:
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
@@ -30,13 +46,18 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
         spec = InferenceModelSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        state.apply_errors[key] = ("InvalidSpec", message)
-        state.metrics.reconciles.labels("invalid_spec").inc()
-        await refresh(state, namespace, name)
-        kopf.warn(body, reason="InvalidSpec", message=message)
+        await _report(state, body, key, "InvalidSpec", message, "invalid_spec")
         raise kopf.PermanentError(message) from None
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"], generation=meta.get("generation", 1))
-    for manifest in build_all(owner, spec):
+    if state.release is not None and state.credential is None:
+        raise kopf.TemporaryError("waiting for the runtime credential", delay=2)
+    conflicts = await release_objects.sync(state, namespace, await state.kube.list_custom(PLURAL, namespace),
+                                           always=True)
+    if conflicts:
+        message = "; ".join(conflicts)
+        await _report(state, body, key, "NameConflict", message, "conflict")
+        raise kopf.TemporaryError(message, delay=CONFLICT_RETRY_SECONDS)
+    for manifest in build_all(owner, spec, state.release):
         try:
             await state.kube.apply(manifest)
         except ApiException as exc:
@@ -44,10 +65,7 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
             if 400 <= exc.status < 500 and exc.status not in (409, 429):
                 # The cluster refuses what we built (quota, admission policy): retrying will not help until
                 # the spec or the cluster changes, and either brings a new event.
-                state.apply_errors[key] = ("ApplyRefused", message)
-                state.metrics.reconciles.labels("refused").inc()
-                await refresh(state, namespace, name)
-                kopf.warn(body, reason="ApplyRefused", message=message)
+                await _report(state, body, key, "ApplyRefused", message, "refused")
                 raise kopf.PermanentError(message) from None
             state.metrics.reconciles.labels("retry").inc()
             raise kopf.TemporaryError(message, delay=10) from None

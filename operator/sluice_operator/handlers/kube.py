@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from typing import Any, AsyncIterator
 
 import kubernetes
 from kubernetes.client.rest import ApiException
@@ -32,6 +33,7 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(client)
         self.apps = kubernetes.client.AppsV1Api(client)
         self.policy = kubernetes.client.PolicyV1Api(client)
+        self.networking = kubernetes.client.NetworkingV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self._sanitize = client.sanitize_for_serialization
 
@@ -47,11 +49,79 @@ class Kube:
             "Service": self.core.patch_namespaced_service,
             "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
             "ConfigMap": self.core.patch_namespaced_config_map,
+            "Secret": self.core.patch_namespaced_secret,
+            "NetworkPolicy": self.networking.patch_namespaced_network_policy,
         }[manifest["kind"]]
         return await self._call(
             apply, meta["name"], meta["namespace"], manifest,
             field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
         )
+
+    async def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object as it is now, or None when there is none."""
+        read = {
+            "Deployment": self.apps.read_namespaced_deployment,
+            "Service": self.core.read_namespaced_service,
+            "PodDisruptionBudget": self.policy.read_namespaced_pod_disruption_budget,
+            "ConfigMap": self.core.read_namespaced_config_map,
+            "Secret": self.core.read_namespaced_secret,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
+        }[kind]
+        try:
+            return await self._call(read, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def delete(self, kind: str, namespace: str, name: str) -> None:
+        delete = {
+            "Secret": self.core.delete_namespaced_secret,
+            "NetworkPolicy": self.networking.delete_namespaced_network_policy,
+        }[kind]
+        try:
+            await self._call(delete, name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def create_secret(self, manifest: dict[str, Any]) -> None:
+        """Create only: a 409 tells the caller someone else was first."""
+        await self._call(self.core.create_namespaced_secret, manifest["metadata"]["namespace"], manifest,
+                         field_manager=FIELD_MANAGER)
+
+    async def patch_secret_if_unchanged(self, namespace: str, name: str, resource_version: str,
+                                        patch: dict[str, Any]) -> None:
+        """A merge patch that fails with 409 should the Secret have changed since `resource_version`."""
+        body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": resource_version}}
+        await self._call(self.core.patch_namespaced_secret, name, namespace, body, field_manager=FIELD_MANAGER,
+                         _content_type=MERGE)
+
+    async def watch_secret(self, namespace: str, name: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, Secret) of one Secret, as the API server reports them; ends when the watch does.
+
+        Listing and watching one object by name is what RBAC `resourceNames` can grant, unlike a namespace's
+        Secrets. The blocking watch runs in a daemon thread, so it never holds up the operator's exit."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        def stream() -> None:
+            try:
+                for event in kubernetes.watch.Watch().stream(
+                    self.core.list_namespaced_secret, namespace, field_selector=f"metadata.name={name}",
+                    timeout_seconds=300,
+                ):
+                    loop.call_soon_threadsafe(queue.put_nowait, (event["type"], self._sanitize(event["object"])))
+            except BaseException as exc:  # handed over to the awaiting side, which decides
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            loop.call_soon_threadsafe(queue.put_nowait, done)
+
+        threading.Thread(target=stream, name=f"watch-secret-{name}", daemon=True).start()
+        while (item := await queue.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
 
     async def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -8,9 +8,11 @@ import kopf
 from pydantic import ValidationError
 from sluice_gateway.routing_table import RoutingTable, RoutingTableError, parse_routing_table
 
-from ..crd import API_VERSION, LABEL_MODEL, Condition, InferenceModelSpec, ModelRouteSpec
+from ..builders import model_owner_references
+from ..crd import LABEL_MODEL, Condition, InferenceModelSpec, ModelRouteSpec
 from ..crd.status import merge_conditions
 from ..route_compiler import RouteVerdict, compile_routes, ready_endpoints
+from . import release_objects
 from .model_status import now, request_refresh
 from .state import OperatorState
 
@@ -43,12 +45,7 @@ def _config_map(namespace: str, table: RoutingTable, models: list[dict[str, Any]
             "namespace": namespace,
             "labels": {"app.kubernetes.io/managed-by": "sluice-operator", "app.kubernetes.io/part-of": "sluice"},
             "annotations": {"sluice.dev/generation": str(table.generation)},
-            # Garbage-collected with the last InferenceModel, should the operator be away when it goes.
-            "ownerReferences": [
-                {"apiVersion": API_VERSION, "kind": "InferenceModel", "name": m["metadata"]["name"],
-                 "uid": m["metadata"]["uid"]}
-                for m in models
-            ],
+            "ownerReferences": model_owner_references(models),
         },
         "data": {ROUTING_TABLE_KEY: table.to_json()},
     }
@@ -83,6 +80,8 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
     kube = state.kube
     model_objs = await kube.list_custom("inferencemodels", namespace)
     route_objs = await kube.list_custom("modelroutes", namespace)
+    # A model's own reconcile reports a conflict; here the namespace's objects only follow its models.
+    await release_objects.sync(state, namespace, model_objs)
     if not model_objs and not route_objs:
         # No table at all rather than an empty one: nothing is left behind in the namespace, and the
         # gateway mounts the table as an optional volume, so a missing one means no routes there too.

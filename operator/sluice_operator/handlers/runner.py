@@ -1,13 +1,16 @@
 """Start kopf with Sluice's handlers and settings."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
+from ..builders import Release
 from . import health
+from .credential import follow_source
 from .kube import Kube, load_config
 from .registration import register
 from .state import OperatorState
@@ -20,6 +23,7 @@ class OperatorOptions:
     priority: int = 0
     health_port: int = 8081
     autoscale_interval: float = 15.0
+    release: Release | None = None
     verbose: bool = False
 
 
@@ -29,7 +33,7 @@ def run_operator(options: OperatorOptions) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     load_config()
-    state = OperatorState(kube=Kube(), autoscale_interval=options.autoscale_interval)
+    state = OperatorState(kube=Kube(), autoscale_interval=options.autoscale_interval, release=options.release)
     registry = kopf.OperatorRegistry()
     register(registry, state)
 
@@ -39,6 +43,7 @@ def run_operator(options: OperatorOptions) -> int:
         return kopf.login_via_client(**kwargs)
 
     server: list[Any] = []
+    background: list[asyncio.Task] = []
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -53,6 +58,8 @@ def run_operator(options: OperatorOptions) -> int:
         # Events are written on purpose (kopf.info/warn); log lines stay in the log.
         settings.posting.loggers = False
         settings.watching.server_timeout = 300
+        if options.release is not None:
+            background.append(asyncio.create_task(follow_source(state), name="runtime-credential"))
         if options.peering:
             if options.namespaces:
                 for namespace in options.namespaces:
@@ -62,6 +69,8 @@ def run_operator(options: OperatorOptions) -> int:
 
     @kopf.on.cleanup(registry=registry)
     async def stop_server(**_: Any) -> None:
+        for task in background:
+            task.cancel()
         for runner in server:
             await runner.cleanup()
 

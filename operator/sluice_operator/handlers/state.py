@@ -7,6 +7,7 @@ from typing import Any
 from sluice_gateway.routing_table import RoutingTable
 
 from ..autoscaler import History
+from ..builders import Release
 from ..metrics import OperatorMetrics
 from .coalesce import Coalescer
 from .kube import Kube
@@ -35,6 +36,9 @@ class OperatorState:
     statuses: Coalescer = field(default_factory=lambda: Coalescer(0.1))
     routing: Coalescer = field(default_factory=lambda: Coalescer(0.1))
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    release: Release | None = None  # None: no runtime credential (local use)
+    credential: str | None = None  # the runtime credential, as its source Secret holds it now
+    release_applied: dict[str, str] = field(default_factory=dict)  # namespace → what release_objects applied
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """A deleted InferenceModel leaves nothing behind in memory either."""
