@@ -36,6 +36,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--release-namespace", type=_dns_label, default=None,
                      help="the namespace the release's operator and gateway run in (needed with --release)")
+    policy = run.add_argument_group(
+        "runtime NetworkPolicy", "with --release, the two peer flags together: NetworkPolicy RELEASE-runtime in every "
+        "namespace served admits only these peers to runtime pods")
+    policy.add_argument("--network-policy-gateway", type=_labels, metavar="K=V,...",
+                        help="labels of the gateway's pods in --release-namespace")
+    policy.add_argument("--network-policy-operator", type=_labels, metavar="K=V,...",
+                        help="labels of the operator's pods in --release-namespace (its autoscaler scrapes them)")
+    policy.add_argument("--network-policy-monitoring", type=_labels, metavar="K=V,...",
+                        help="labels of the namespaces whose pods scrape runtime pods' /metrics (optional)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
 
     crds = commands.add_parser("crds", help="write crds/*.yaml from the pydantic models")
@@ -48,6 +57,40 @@ def _dns_label(value: str) -> str:
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63:
         raise argparse.ArgumentTypeError(f"{value!r} is not a DNS label (at most 63 lowercase letters, digits, '-')")
     return value
+
+
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def _labels(value: str) -> dict[str, str]:
+    labels = {}
+    for item in value.split(","):
+        key, equals, label = item.partition("=")
+        if not equals or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(label) or len(label) > 63:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a label KEY=VALUE")
+        if key in labels:
+            raise argparse.ArgumentTypeError(f"label {key!r} given twice")
+        labels[key] = label
+    return labels
+
+
+def _release(args: argparse.Namespace) -> "Release | None":
+    from .builders import NetworkPeers, Release
+
+    peers = (args.network_policy_gateway, args.network_policy_operator)
+    if (args.release is None) != (args.release_namespace is None):
+        _parser().error("--release and --release-namespace go together")
+    if (peers[0] is None) != (peers[1] is None):
+        _parser().error("--network-policy-gateway and --network-policy-operator go together")
+    if args.release is None:
+        if peers[0] is not None or args.network_policy_monitoring is not None:
+            _parser().error("the --network-policy-* flags need --release")
+        return None
+    if peers[0] is None and args.network_policy_monitoring is not None:
+        _parser().error("--network-policy-monitoring needs --network-policy-gateway and --network-policy-operator")
+    network = NetworkPeers(*peers, args.network_policy_monitoring) if peers[0] is not None else None
+    return Release(args.release, args.release_namespace, network)
 
 
 def _crds(out: Path, check: bool) -> int:
@@ -70,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return _crds(args.out, args.check)
     if args.command is None:
         args = _parser().parse_args(["run"])
-    if (args.release is None) != (args.release_namespace is None):
-        _parser().error("--release and --release-namespace go together")
-    from .builders import Release
+    release = _release(args)
     from .handlers.runner import OperatorOptions, run_operator
 
     return run_operator(
@@ -82,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             priority=args.priority if args.priority is not None else random.randint(1, 2**31 - 1),
             health_port=args.health_port,
             autoscale_interval=args.autoscale_interval,
-            release=Release(args.release, args.release_namespace) if args.release else None,
+            release=release,
             verbose=args.verbose,
         )
     )

@@ -140,22 +140,80 @@ def test_bad_values_fail_at_install_time(helm, args, message):
     assert message in result.stderr
 
 
-def test_network_policies_confine_each_component(full_objects):
-    gateway = one(full_objects, "NetworkPolicy", "-gateway")
-    allowed = gateway["spec"]["ingress"][0]["from"]
-    assert allowed[0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "ingress-nginx"}
-    assert allowed[1]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
-    runtime_egress = gateway["spec"]["egress"][0]
-    assert runtime_egress["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "sluice-runtime"
-    assert runtime_egress["ports"] == [{"port": 8000, "protocol": "TCP"}]
-    operator = one(full_objects, "NetworkPolicy", "-operator")
-    assert operator["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
-    (scrape,) = operator["spec"]["ingress"]
-    assert scrape["ports"] == [{"port": 8081, "protocol": "TCP"}], "only Prometheus, only the metrics port"
-    assert one(full_objects, "PodMonitor", "-operator")["spec"]["podMetricsEndpoints"][0]["port"] == "health"
-    runtime = one(full_objects, "NetworkPolicy", "-runtime")
-    assert runtime["spec"]["policyTypes"] == ["Ingress"]
-    assert len(runtime["spec"]["ingress"][0]["from"]) == 3
+def _pod(objects: list[dict], suffix: str, namespace: str = "sluice"):
+    from fixtures.network_policy import Pod
+
+    template = one(objects, "Deployment", suffix)["spec"]["template"]
+    ports = {port["name"]: port["containerPort"] for port in template["spec"]["containers"][0]["ports"]}
+    return Pod(namespace, template["metadata"]["labels"], ports=ports)
+
+
+def _operator_release(objects: list[dict]):
+    """The Release the operator makes of the flags the chart gives it."""
+    from sluice_operator.cli import _parser, _release
+
+    args = pod_spec(one(objects, "Deployment", "-operator"))["containers"][0]["args"]
+    return _release(_parser().parse_args(["run", *args]))
+
+
+@pytest.mark.parametrize("which", ["default", "full"])
+def test_network_policies_confine_each_component(which, default_objects, full_objects):
+    from fixtures.network_policy import Pod, admits
+
+    objects = default_objects if which == "default" else full_objects
+    policies = by_kind(objects, "NetworkPolicy")
+    gateway, operator = _pod(objects, "-gateway"), _pod(objects, "-operator")
+    monitoring, stranger = Pod("monitoring", {}), Pod("team-b", dict(gateway.labels))
+    # /metrics of the gateway (tenant names, backend addresses): its own port, Prometheus only.
+    assert gateway.ports["metrics"] == 9090
+    assert admits(policies, monitoring, gateway, 9090) and not admits(policies, stranger, gateway, 9090)
+    assert not admits(policies, Pod("sluice", {}), gateway, 9090)
+    if which == "full":  # clients only from the ingress controller's namespace
+        assert admits(policies, Pod("ingress-nginx", {}), gateway, 8080)
+        assert not admits(policies, monitoring, gateway, 8080) and not admits(policies, stranger, gateway, 8080)
+    else:
+        assert admits(policies, stranger, gateway, 8080), "clients from anywhere by default"
+    assert admits(policies, monitoring, operator, 8081) and not admits(policies, stranger, operator, 8081)
+    egress = one(objects, "NetworkPolicy", "-gateway")["spec"]["egress"][0]
+    assert egress["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "sluice-runtime"
+    assert egress["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    if which == "full":
+        assert one(objects, "NetworkPolicy", "-operator")["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
+        assert one(objects, "ServiceMonitor", "-gateway")["spec"]["endpoints"][0]["port"] == "metrics"
+        assert one(objects, "PodMonitor", "-operator")["spec"]["podMetricsEndpoints"][0]["port"] == "health"
+
+
+@pytest.mark.parametrize("which", ["default", "full"])
+def test_runtime_pods_admit_only_this_releases_gateway_and_operator(which, default_objects, full_objects):
+    """Runtime pods live wherever InferenceModels are, so the operator writes their policy from the chart's flags:
+    the chart's own gateway and operator pods get in, the same labels from another namespace do not."""
+    from fixtures.network_policy import Pod, admits
+
+    from sluice_operator.builders import build_deployment, build_runtime_network_policy
+    from sluice_operator.builders.names import Owner
+    from sluice_operator.crd import InferenceModelSpec
+
+    objects = default_objects if which == "default" else full_objects
+    assert not [p for p in by_kind(objects, "NetworkPolicy") if p["metadata"]["name"].endswith("-runtime")]
+    release = _operator_release(objects)
+    assert (release.name, release.namespace) == ("sluice", "sluice")
+    owner = Owner("m", "team-a", "uid-1")
+    runtime = Pod("team-a", build_deployment(owner, InferenceModelSpec.model_validate(
+        {"model": {"source": "smollm2"}}))["spec"]["template"]["metadata"]["labels"])
+    policy = build_runtime_network_policy(release, "team-a", [{"metadata": {"name": "m", "uid": "uid-1"}}])
+    gateway, operator = _pod(objects, "-gateway"), _pod(objects, "-operator")
+    assert admits([policy], gateway, runtime, 8000) and admits([policy], operator, runtime, 8000)
+    assert admits([policy], Pod("monitoring", {}), runtime, 8000)
+    for forged in (gateway, operator):
+        assert not admits([policy], Pod("team-a", forged.labels), runtime, 8000)
+        assert not admits([policy], Pod("team-b", forged.labels), runtime, 8000)
+    assert not admits([policy], Pod("sluice", {"app": "other"}), runtime, 8000)
+
+
+def test_without_network_policies_the_operator_writes_none(helm):
+    objects = helm.template("--set", "networkPolicy.enabled=false")
+    assert not by_kind(objects, "NetworkPolicy")
+    assert _operator_release(objects).peers is None
 
 
 def test_extra_pod_labels_args_and_env_reach_both_pods(helm, full_objects, default_objects):

@@ -234,3 +234,55 @@ def test_a_credential_is_read_only_from_usable_secret_data(data, expected):
     from sluice_operator.builders import read_credential
 
     assert read_credential({"data": data}) == expected
+
+
+GATEWAY = {"app.kubernetes.io/name": "sluice-gateway", "app.kubernetes.io/instance": "prod",
+           "app.kubernetes.io/component": "gateway"}
+OPERATOR = {**GATEWAY, "app.kubernetes.io/name": "sluice-operator", "app.kubernetes.io/component": "operator"}
+
+
+def _policy_release():
+    from sluice_operator.builders import NetworkPeers, Release
+
+    return Release("prod", "sluice", NetworkPeers(GATEWAY, OPERATOR, {"kubernetes.io/metadata.name": "monitoring"}))
+
+
+@pytest.mark.parametrize("source, admitted", [
+    (("sluice", GATEWAY), True),
+    (("sluice", OPERATOR), True),
+    (("monitoring", {}), True),
+    # Labels are anyone's to set in a namespace of their own: forged ones come from the wrong namespace.
+    (("team-b", GATEWAY), False),
+    (("team-b", OPERATOR), False),
+    (("demo", GATEWAY), False),
+    # The release namespace alone is not enough either.
+    (("sluice", {}), False),
+    (("sluice", {**GATEWAY, "app.kubernetes.io/component": "redis"}), False),
+    (("sluice", {"app.kubernetes.io/name": "sluice-runtime", "app.kubernetes.io/managed-by": "sluice-operator"}), False),
+], ids=["gateway", "operator", "monitoring", "forged-gateway", "forged-operator", "gateway-labels-in-models-namespace",
+        "release-namespace-only", "wrong-component", "another-runtime"])
+def test_runtime_network_policy_admits_peers_by_namespace_and_labels_together(source, admitted):
+    from fixtures.network_policy import Pod, admits
+
+    from sluice_operator.builders import build_runtime_network_policy
+
+    models = [{"metadata": {"name": "smollm2", "uid": OWNER.uid}}]
+    policy = build_runtime_network_policy(_policy_release(), "demo", models)
+    deployment = build_deployment(OWNER, _spec())
+    target = Pod("demo", deployment["spec"]["template"]["metadata"]["labels"], ports={"http": 8000})
+    namespace, labels = source
+    assert admits([policy], Pod(namespace, labels), target, 8000) is admitted
+    assert not admits([policy], Pod("sluice", GATEWAY), target, 9000), "only the runtime's port"
+    (ref,) = policy["metadata"]["ownerReferences"]
+    assert ref["uid"] == OWNER.uid and policy["metadata"]["name"] == "prod-runtime"
+
+
+def test_runtime_network_policy_without_monitoring_admits_only_the_release():
+    from fixtures.network_policy import Pod, admits
+
+    from sluice_operator.builders import NetworkPeers, Release, build_runtime_network_policy
+
+    policy = build_runtime_network_policy(Release("prod", "sluice", NetworkPeers(GATEWAY, OPERATOR)), "demo", [])
+    target = Pod("demo", build_deployment(OWNER, _spec())["spec"]["template"]["metadata"]["labels"])
+    assert not admits([policy], Pod("monitoring", {}), target, 8000)
+    assert admits([policy], Pod("sluice", GATEWAY), target, 8000)

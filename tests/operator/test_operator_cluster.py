@@ -116,6 +116,8 @@ class Operator:
         self.process = subprocess.Popen(
             [str(Path(sys.executable).parent / "sluice-operator"), "run", "--namespace", self.namespace,
              "--namespace", self.other, "--release", RELEASE, "--release-namespace", self.namespace,
+             "--network-policy-gateway", "app.kubernetes.io/component=gateway,app.kubernetes.io/instance=sluice",
+             "--network-policy-operator", "app.kubernetes.io/component=operator,app.kubernetes.io/instance=sluice",
              "--peering", self.peering, "--health-port", str(port), "--autoscale-interval", "2",
              *(["--priority", str(self.priority)] if self.priority is not None else [])],
             env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
@@ -395,9 +397,15 @@ def test_runtime_refuses_inference_without_the_release_credential(setup, served)
     assert status("/v1/chat/completions", {"authorization": runtime_credential.header_value(credential)}, body)[0] == 200
 
 
-def test_credential_is_copied_into_each_namespace_served_and_follows_the_source(setup):
+def test_each_namespace_served_gets_the_credential_and_the_runtime_policy(setup, samples):
+    """The credential is copied (and follows its source); both namespaces get the runtime pods' NetworkPolicy,
+    accepted by the API server; everything goes with a namespace's last model."""
     api, operator = setup
     other = Api(api.cluster, operator.other)
+    policy = api.get("networkpolicy", f"{RELEASE}-runtime")
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "sluice-runtime"
+    peers = [rule["from"] for rule in policy["spec"]["ingress"]]
+    assert all(len(peer) == 1 and {"namespaceSelector", "podSelector"} <= peer[0].keys() for peer in peers), peers
     source = api.get("secret", CREDENTIAL)
     assert source["metadata"]["labels"]["sluice.dev/release"] == RELEASE and len(_credential(api)) >= 32
     other.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "copied"},
@@ -411,6 +419,7 @@ def test_credential_is_copied_into_each_namespace_served_and_follows_the_source(
     pod = other.get("deployment", "copied")["spec"]["template"]["spec"]
     assert any(v.get("secret", {}).get("secretName") == CREDENTIAL for v in pod["volumes"])
     assert runtime_credential.MOUNT_PATH in pod["containers"][0]["args"]
+    assert other.get("networkpolicy", f"{RELEASE}-runtime")["spec"] == policy["spec"]
 
     # Rotated by hand: the copy follows.
     rotated = "rotated-by-hand-" + uuid.uuid4().hex
@@ -427,7 +436,8 @@ def test_credential_is_copied_into_each_namespace_served_and_follows_the_source(
     wait_for(lambda: _credential(other) == _credential(api), what="the copy to follow the refilled source")
 
     other.run("delete", "im", "copied")
-    wait_for(lambda: other.get("secret", CREDENTIAL) is None, what="the copy to go with the namespace's last model")
+    wait_for(lambda: other.get("secret", CREDENTIAL) is None and other.get("networkpolicy", f"{RELEASE}-runtime") is None,
+             what="the copy and the policy to go with the namespace's last model")
 
 
 def _leads_group(pid: int) -> bool:

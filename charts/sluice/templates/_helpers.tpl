@@ -75,3 +75,10 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- end -}}
 {{- define "sluice.runtimeCredential.dir" -}}/var/run/sluice/runtime-credential{{- end -}}
 {{- define "sluice.runtimeCredential.key" -}}api-key{{- end -}}
+
+{{/* A label map as the operator's flags take it: k=v,k=v (sorted). */}}
+{{- define "sluice.labelList" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := . -}}{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

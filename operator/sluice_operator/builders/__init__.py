@@ -5,7 +5,8 @@ from ..crd import InferenceModelSpec
 from .deployment import build_deployment
 from .disruption_budget import build_disruption_budget
 from .names import LABEL_MODEL, Owner, labels, model_owner_references, selector_labels, selector_string
-from .release import Release, build_credential_copy, build_credential_source, read_credential
+from .release import (NetworkPeers, Release, build_credential_copy, build_credential_source,
+                      build_runtime_network_policy, read_credential)
 from .service import build_service
 from .status import GENERATION_ANNOTATION, Observed, model_status
 
@@ -17,7 +18,8 @@ def build_all(owner: Owner, spec: InferenceModelSpec, release: Release | None = 
 
 
 __all__ = [
-    "GENERATION_ANNOTATION", "LABEL_MODEL", "Observed", "Owner", "Release", "model_status", "build_all",
-    "build_credential_copy", "build_credential_source", "build_deployment", "build_disruption_budget",
+    "GENERATION_ANNOTATION", "LABEL_MODEL", "NetworkPeers", "Observed", "Owner", "Release", "model_status",
+    "build_all", "build_credential_copy", "build_credential_source", "build_deployment", "build_disruption_budget",
+    "build_runtime_network_policy",
     "build_service", "labels", "model_owner_references", "read_credential", "selector_labels", "selector_string",
 ]

@@ -35,8 +35,16 @@ class Owner:
         }
 
 
+RUNTIME_APP = "sluice-runtime"
+
+
 def selector_labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "sluice-runtime", LABEL_MODEL: name}
+    return {"app.kubernetes.io/name": RUNTIME_APP, LABEL_MODEL: name}
+
+
+def runtime_pod_labels() -> dict[str, str]:
+    """What every runtime pod carries, whatever its model: what the release's NetworkPolicy selects."""
+    return {"app.kubernetes.io/name": RUNTIME_APP, "app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def labels(name: str) -> dict[str, str]:

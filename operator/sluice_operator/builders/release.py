@@ -1,8 +1,9 @@
-"""What one Sluice release shares across the namespaces its operator serves: the runtime credential.
+"""What one Sluice release keeps in the namespaces its operator serves: the runtime credential and the runtime
+pods' NetworkPolicy.
 
 The credential's source Secret lives in the release's namespace (the chart renders it empty, the operator
-fills it once); every other namespace holding InferenceModels gets a copy owned by those models, so it goes
-with the last of them.
+fills it once); every other namespace holding InferenceModels gets a copy, and every one of them a
+NetworkPolicy, owned by its models, so they go with the last of them.
 """
 from __future__ import annotations
 
@@ -12,20 +13,37 @@ from typing import Any
 
 from sluice_contracts import runtime_credential
 
-from ..crd import MANAGED_BY
-from .names import model_owner_references
+from ..crd import MANAGED_BY, RUNTIME_PORT
+from .names import model_owner_references, runtime_pod_labels
+
+# The label the API server puts on every namespace: a namespace selector nobody can forge.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 LABEL_RELEASE = "sluice.dev/release"
+
+
+@dataclass(frozen=True)
+class NetworkPeers:
+    """Who may open connections to runtime pods."""
+
+    gateway: dict[str, str]  # labels of the gateway's pods, in the release namespace
+    operator: dict[str, str]  # labels of the operator's pods there (it scrapes /metrics and /load)
+    monitoring: dict[str, str] | None = None  # labels of the namespaces Prometheus scrapes from
 
 
 @dataclass(frozen=True)
 class Release:
     name: str  # the prefix of what the release's operator creates (the chart's fullname)
     namespace: str  # where the operator and the gateway run
+    peers: NetworkPeers | None = None  # None: no NetworkPolicy for runtime pods
 
     @property
     def credential_secret(self) -> str:
         return runtime_credential.secret_name(self.name)
+
+    @property
+    def network_policy(self) -> str:
+        return f"{self.name}-runtime"
 
 
 def release_labels(release: Release) -> dict[str, str]:
@@ -67,4 +85,29 @@ def build_credential_copy(release: Release, namespace: str, credential: str,
                      "ownerReferences": model_owner_references(models)},
         "type": "Opaque",
         "data": _data(credential),
+    }
+
+
+def build_runtime_network_policy(release: Release, namespace: str, models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runtime pods accept connections from the release's gateway and operator, each matched by its namespace
+    AND its labels (one peer, both selectors: labels alone are anyone's to set in their own namespace), and
+    from the monitoring namespaces. Their metrics share the API port, where the runtime credential guards
+    every path but the probes' and the scraper's."""
+    peers = release.peers
+    home = {NAMESPACE_NAME_LABEL: release.namespace}
+    port = [{"port": RUNTIME_PORT, "protocol": "TCP"}]
+    ingress = [
+        {"from": [{"namespaceSelector": {"matchLabels": home}, "podSelector": {"matchLabels": dict(labels)}}],
+         "ports": port}
+        for labels in (peers.gateway, peers.operator)
+    ]
+    if peers.monitoring:
+        ingress.append({"from": [{"namespaceSelector": {"matchLabels": dict(peers.monitoring)}}], "ports": port})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": release.network_policy, "namespace": namespace, "labels": release_labels(release),
+                     "ownerReferences": model_owner_references(models)},
+        "spec": {"podSelector": {"matchLabels": runtime_pod_labels()}, "policyTypes": ["Ingress"],
+                 "ingress": ingress},
     }

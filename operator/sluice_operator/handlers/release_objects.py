@@ -1,4 +1,5 @@
-"""The release's objects in each namespace its operator serves: the copy of the runtime credential.
+"""The release's objects in each namespace its operator serves: the runtime credential's copy, the runtime pods'
+NetworkPolicy.
 
 Applied when a namespace's models change (owners) or the credential does, always on a model's reconcile;
 removed with the namespace's last model. An object of the same name the operator did not create is left
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..builders import build_credential_copy
+from ..builders import build_credential_copy, build_runtime_network_policy
 from ..builders.release import LABEL_RELEASE
 from ..crd import MANAGED_BY
 from .state import OperatorState
@@ -17,16 +18,22 @@ from .state import OperatorState
 
 def _names(state: OperatorState, namespace: str) -> list[tuple[str, str]]:
     """What the operator keeps in a served namespace, by kind and name."""
-    if namespace == state.release.namespace:
-        return []  # the release's own namespace holds the credential's source itself
-    return [("Secret", state.release.credential_secret)]
+    release = state.release
+    names = []
+    if namespace != release.namespace:  # the release's own namespace holds the credential's source itself
+        names.append(("Secret", release.credential_secret))
+    if release.peers is not None:
+        names.append(("NetworkPolicy", release.network_policy))
+    return names
 
 
 def _wanted(state: OperatorState, namespace: str, models: list[dict[str, Any]]) -> dict[tuple[str, str], dict]:
+    release = state.release
     if not models or state.credential is None:
         return {}
-    objects = {("Secret", state.release.credential_secret):
-               build_credential_copy(state.release, namespace, state.credential, models)}
+    objects = {("Secret", release.credential_secret): build_credential_copy(release, namespace, state.credential, models)}
+    if release.peers is not None:
+        objects[("NetworkPolicy", release.network_policy)] = build_runtime_network_policy(release, namespace, models)
     return {key: obj for key, obj in objects.items() if key in _names(state, namespace)}
 
 
