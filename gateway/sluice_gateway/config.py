@@ -33,11 +33,16 @@ class ApiKey(_Strict):
 
 
 class Limits(_Strict):
-    """Per-tenant limits; None means unlimited."""
+    """Per-tenant limits; None means unlimited. The rule is in gateway/README.md ("Limits")."""
 
     requests_per_minute: int | None = Field(default=None, gt=0)
     tokens_per_minute: int | None = Field(default=None, gt=0)
     max_concurrent: int | None = Field(default=None, gt=0)
+    over_budget: Literal["refuse", "lower_max_tokens"] = Field(
+        default="refuse",
+        description="A request whose reservation exceeds the tokens left this minute: refuse it (429), or lower "
+                    "its max_tokens to what is left (said in the x-sluice-max-tokens-lowered response header).",
+    )
 
 
 class Tenant(_Strict):
@@ -160,7 +165,7 @@ def load_config(path: str | Path) -> GatewayConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"gateway config {path} is not valid YAML: {exc}") from None
     try:
-        config = GatewayConfig.model_validate(data or {})
+        config = GatewayConfig.model_validate({} if data is None else data)  # None: an empty file
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()

@@ -91,3 +91,64 @@ def test_hot_reload_under_load_loses_no_request(tiny_runtimes, start_gateway):
     while generation(gateway) != written[-1]:
         assert time.monotonic() < deadline, "the last table was not applied"
         time.sleep(0.05)
+
+
+KEEP, REVOKE = "sk-test-keep", "sk-test-revoke"
+
+
+def tenants_config(*keys: tuple[str, str], **overrides) -> dict:
+    return gateway_config([{"name": "team", "keys": [key_entry(key_id, key) for key_id, key in keys]}],
+                          routing={"reload_interval_s": 0.1}, **overrides)
+
+
+def models_status(gateway, key: str) -> int:
+    return httpx.get(f"{gateway.url}/v1/models", headers={"authorization": f"Bearer {key}"}).status_code
+
+
+def wait_until(condition, what: str, timeout: float = 10):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_key_removed_from_the_config_is_refused_without_a_restart(start_gateway):
+    gateway = start_gateway(tenants_config(("keep", KEEP), ("revoke", REVOKE)), table())
+    assert models_status(gateway, KEEP) == 200 and models_status(gateway, REVOKE) == 200
+
+    gateway.write_config(tenants_config(("keep", KEEP)))
+    wait_until(lambda: models_status(gateway, REVOKE) == 401, "the revoked key to be refused")
+    assert models_status(gateway, KEEP) == 200
+    assert gateway.process.poll() is None, "no restart"
+    assert "gateway config reloaded: 1 tenants" in gateway.log_text()
+
+
+@pytest.mark.parametrize("bad_edit, reason", [
+    ("tenants: [: not yaml", "not valid YAML"),
+    ("tenants: [{name: team, keys: [{id: keep, sha256: sk-test-keep}]}]", "64-character hex SHA-256"),
+    ("tenants: [{name: team, keys: []}]", "tenants.0.keys"),
+    ("tenants: {name: team}", "tenants"),
+    ("[]", "(top level)"),
+    ("timeouts: {total_s: .inf}", "timeouts.total_s"),
+])
+def test_a_bad_config_edit_keeps_the_last_good_config(start_gateway, bad_edit, reason):
+    gateway = start_gateway(tenants_config(("keep", KEEP), ("revoke", REVOKE)), table())
+    gateway.write_config(bad_edit)
+    wait_until(lambda: gateway.metric("sluice_gateway_config_rejections_total") == 1, "the rejection")
+    assert gateway.metric("sluice_gateway_file_rejected", file="config") == 1
+    assert models_status(gateway, KEEP) == 200 and models_status(gateway, REVOKE) == 200
+    assert httpx.get(f"{gateway.url}/ready").status_code == 200, "the last good config still serves"
+    log = gateway.log_text()
+    assert reason in log and "keeping the previous one" in log
+
+    gateway.write_config(tenants_config(("keep", KEEP)))
+    wait_until(lambda: models_status(gateway, REVOKE) == 401, "the next good config to apply")
+    assert gateway.metric("sluice_gateway_file_rejected", file="config") == 0
+
+
+def test_settings_bound_at_start_wait_for_a_restart_and_say_so(start_gateway):
+    gateway = start_gateway(tenants_config(("keep", KEEP)), table())
+    gateway.write_config(tenants_config(("keep", KEEP), ("new", REVOKE), listen={"port": 1}, metrics_port=2))
+    wait_until(lambda: models_status(gateway, REVOKE) == 200, "the new key to be accepted")
+    assert "changes to listen, metrics_port take effect at the next restart" in gateway.log_text()
+    assert httpx.get(f"{gateway.metrics_url}/metrics").status_code == 200
