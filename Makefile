@@ -65,7 +65,7 @@ cluster-down:
 crds: install
 	$(VENV)/bin/sluice-operator crds --out crds
 	cp crds/*.yaml charts/sluice/crds/
-	cp operator/sluice_operator/rbac/operator.yaml charts/sluice/files/operator-rbac.yaml
+	cp operator/sluice_operator/rbac/rules.yaml charts/sluice/files/operator-rbac.yaml
 
 # helm lint, helm template (default and full values), server-side dry run on the local control plane, Dockerfiles.
 chart-check: install

@@ -47,7 +47,7 @@ def test_chart_crds_match_the_generated_ones():
 
 
 def test_chart_rbac_is_the_operators_rbac():
-    source = (REPO / "operator/sluice_operator/rbac/operator.yaml").read_text()
+    source = (REPO / "operator/sluice_operator/rbac/rules.yaml").read_text()
     assert (CHART / "files/operator-rbac.yaml").read_text() == source, "stale RBAC copy: run `make crds`"
 
 

@@ -121,3 +121,67 @@ def test_every_manifest_in_config_is_accepted(cluster, kube_namespace):
         checked.append(path.name)
     assert {"inferencemodel-smollm2.yaml", "argocd-applications.yaml", "kustomization.yaml",
             "gateway-two-tenants.yaml"} <= set(checked)
+
+
+def _can(cluster, account: str, *request: str) -> bool:
+    result = cluster.kubectl("auth", "can-i", *request, f"--as={account}", check=False)
+    assert result.stdout.strip() in ("yes", "no"), result.stdout + result.stderr
+    return result.stdout.strip() == "yes"
+
+
+@pytest.mark.parametrize("watching", [True, False], ids=["watch-namespaces", "all-namespaces"])
+def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watching):
+    """`kubectl auth can-i` as the operator's service account, against the chart as `helm install` leaves it."""
+    import uuid
+
+    release = f"rbac-{uuid.uuid4().hex[:6]}"
+    home, watched, elsewhere = release, f"{release}-w", f"{release}-x"
+    for namespace in (home, watched, elsewhere):
+        cluster.kubectl("create", "namespace", namespace)
+    helm = Helm(cluster.bin_dir / "helm")
+    values = ["--set", "gateway.enabled=false", "--set", "operator.leaderElection.enabled=false"]
+    if watching:
+        values += ["--set", f"operator.watchNamespaces={{{watched}}}"]
+    helm.run("install", release, str(CHART), "--namespace", home, "--skip-crds", "--kubeconfig", cluster.kubeconfig,
+             *values)
+    try:
+        fullname = f"{release}-sluice"
+        account = f"system:serviceaccount:{home}:{fullname}-operator"
+        credential, policy = f"secrets/{fullname}-runtime-credential", f"networkpolicies/{fullname}-runtime"
+        served = [watched] if watching else [watched, elsewhere]
+        for namespace in served:
+            for request in (("create", "deployments"), ("patch", "deployments"), ("patch", "inferencemodels/status"),
+                            ("patch", "inferencemodels/scale"), ("list", "pods"), ("watch", "pods"), ("patch", "pods"),
+                            ("create", "configmaps/sluice-routing-table"), ("delete", "configmaps/sluice-routing-table"),
+                            ("create", credential), ("patch", credential), ("delete", credential),
+                            ("create", policy), ("delete", policy), ("create", "events")):
+                assert _can(cluster, account, *request, "-n", namespace), (namespace, request)
+        for namespace in (watched, elsewhere):
+            # Only what it owns, by name; nothing it has no feature for.
+            for request in (("delete", "configmaps"), ("delete", "configmaps/kube-root-ca.crt"),
+                            ("patch", "configmaps/someone-elses"), ("get", "secrets"), ("list", "secrets"),
+                            ("get", "secrets/someone-elses"), ("delete", "pods"), ("create", "pods"),
+                            ("delete", "deployments"), ("delete", "services"), ("get", "pods"),
+                            ("delete", "networkpolicies/someone-elses"), ("create", "roles"),
+                            ("update", "inferencemodels/status")):
+                assert not _can(cluster, account, *request, "-n", namespace), (namespace, request)
+        # Its own namespace: the credential's source, followed by a watch of that one name.
+        for request in (("get", credential), ("watch", credential), ("list", credential), ("create", credential)):
+            assert _can(cluster, account, *request, "-n", home), request
+        assert not _can(cluster, account, "list", "secrets", "-n", home)
+        if watching:
+            for namespace in (elsewhere, home):
+                assert not _can(cluster, account, "create", "deployments", "-n", namespace), namespace
+                assert not _can(cluster, account, "list", "pods", "-n", namespace), namespace
+            for request in (("list", "namespaces"), ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+                            ("list", "inferencemodels.sluice.dev", "--all-namespaces")):
+                assert not _can(cluster, account, *request), request
+            assert not cluster.kubectl("get", "clusterrole", f"{fullname}-operator", check=False).returncode == 0
+        else:
+            for request in (("list", "namespaces"), ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+                            ("list", "inferencemodels.sluice.dev", "--all-namespaces")):
+                assert _can(cluster, account, *request), request
+            assert not _can(cluster, account, "get", "secrets", "--all-namespaces")
+    finally:
+        helm.run("uninstall", release, "--namespace", home, "--kubeconfig", cluster.kubeconfig, check=False)
+        cluster.kubectl("delete", "namespace", home, watched, elsewhere, "--wait=false", check=False)

@@ -35,7 +35,7 @@ def test_lint_is_clean(helm, values):
 def test_default_install_runs_operator_and_gateway_only(default_objects):
     kinds = sorted({obj["kind"] for obj in default_objects})
     assert kinds == ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
-                     "PodDisruptionBudget", "Secret", "Service", "ServiceAccount"]
+                     "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount"]
     assert {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")} == {
         "sluice-operator", "sluice-gateway"}
 
@@ -67,14 +67,51 @@ def test_every_pod_passes_the_restricted_profile(which, default_objects, full_ob
             assert "limits" in container["resources"], container["name"]
 
 
-def test_operator_role_is_the_operators_own_rbac(default_objects):
-    source = [doc for doc in yaml.safe_load_all((REPO / "operator/sluice_operator/rbac/operator.yaml").read_text()) if doc]
-    expected = next(doc for doc in source if doc["kind"] == "ClusterRole")["rules"]
-    assert one(default_objects, "ClusterRole")["rules"] == expected
+def _rules(*sets: str, release: str = "sluice") -> list[dict]:
+    source = yaml.safe_load((REPO / "operator/sluice_operator/rbac/rules.yaml").read_text())
+    text = yaml.safe_dump([rule for name in sets for rule in source[name]])
+    return yaml.safe_load(text.replace("sluice-runtime", f"{release}-runtime"))
+
+
+def test_operator_rbac_all_namespaces_is_one_cluster_role(default_objects):
+    assert one(default_objects, "ClusterRole")["rules"] == _rules("served", "cluster")
     binding = one(default_objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sluice-operator", "namespace": "sluice"}]
+    role = one(default_objects, "Role", "-release")
+    assert role["metadata"]["namespace"] == "sluice" and role["rules"] == _rules("release")
     assert pod_spec(one(default_objects, "Deployment", "-operator"))["serviceAccountName"] == "sluice-operator"
     assert pod_spec(one(default_objects, "Deployment", "-gateway"))["automountServiceAccountToken"] is False
+
+
+def test_operator_rbac_with_watch_namespaces_is_namespaced_only(helm, full_objects):
+    """A Role and RoleBinding per watched namespace, nothing cluster-wide (kopf scans no namespaces or CRDs)."""
+    assert not by_kind(full_objects, "ClusterRole") and not by_kind(full_objects, "ClusterRoleBinding")
+    served = {r["metadata"]["namespace"]: r for r in by_kind(full_objects, "Role") if r["metadata"]["name"] == "sluice-operator"}
+    assert sorted(served) == ["demo", "team-a"]
+    assert all(role["rules"] == _rules("served") for role in served.values())
+    bindings = [b for b in by_kind(full_objects, "RoleBinding") if b["metadata"]["name"] == "sluice-operator"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["demo", "team-a"]
+    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sluice-operator"}
+               and b["subjects"] == [{"kind": "ServiceAccount", "name": "sluice-operator", "namespace": "sluice"}]
+               for b in bindings)
+    assert one(full_objects, "Role", "-release")["metadata"]["namespace"] == "sluice"
+    # Another release's names: its own routing table stays shared, its credential and policy are its own.
+    other = helm.template("--set", "fullnameOverride=prod")
+    names = {tuple(r.get("resourceNames", [])) for r in one(other, "ClusterRole")["rules"]}
+    assert {("sluice-routing-table",), ("prod-runtime-credential",), ("prod-runtime",)} <= names
+
+
+def test_operator_rules_grant_nothing_broad():
+    """No verb on a kind it does not own; ConfigMaps and Secrets only by name; no delete outside what it owns."""
+    rules = _rules("served", "release", "cluster")
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
+        if {"configmaps", "secrets", "networkpolicies"} & set(rule["resources"]):
+            assert rule.get("resourceNames"), rule
+        if "delete" in rule["verbs"] or "deletecollection" in rule["verbs"]:
+            assert rule.get("resourceNames"), rule
+    pods = [r for r in rules if "pods" in r["resources"]]
+    assert [sorted(r["verbs"]) for r in pods] == [["list", "patch", "watch"]]
 
 
 def test_gateway_reads_the_table_the_operator_writes(default_objects):

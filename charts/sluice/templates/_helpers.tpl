@@ -57,14 +57,13 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- end -}}
 {{- end -}}
 
-{{/* The ClusterRole rules of operator/sluice_operator/rbac/operator.yaml, copied into files/ by `make crds`. */}}
+{{/* Rules of the operator's RBAC (operator/sluice_operator/rbac/rules.yaml, copied into files/ by `make crds`),
+     the named sets joined, with this release's name in resourceNames: (dict "root" $ "sets" (list "served")) */}}
 {{- define "sluice.operatorRules" -}}
-{{- range $doc := regexSplit "(?m)^---\\s*$" (.Files.Get "files/operator-rbac.yaml") -1 }}
-{{- $object := fromYaml $doc }}
-{{- if eq (get $object "kind") "ClusterRole" }}
-{{- toYaml (get $object "rules") | replace "sluice-runtime" (printf "%s-runtime" (include "sluice.fullname" $)) }}
-{{- end }}
-{{- end }}
+{{- $all := .root.Files.Get "files/operator-rbac.yaml" | fromYaml -}}
+{{- $rules := list -}}
+{{- range .sets }}{{ $rules = concat $rules (get $all .) }}{{ end -}}
+{{- toYaml $rules | replace "sluice-runtime" (printf "%s-runtime" (include "sluice.fullname" .root)) -}}
 {{- end -}}
 
 {{/* The runtime credential (contracts/sluice_contracts/runtime_credential.py): the operator fills the Secret

@@ -28,22 +28,23 @@ async def ensure_source(state: OperatorState) -> str:
         value = read_credential(secret)
         if value is not None:
             return value
-        value = secrets.token_urlsafe(CREDENTIAL_BYTES)
+        source = build_credential_source(release, secrets.token_urlsafe(CREDENTIAL_BYTES))
         try:
             if secret is None:
-                await kube.create_secret(build_credential_source(release, value))
+                # Applied (a create that names the Secret), so RBAC can grant it for this name alone. Two
+                # replicas racing here both follow the Secret afterwards and settle on the last value.
+                await kube.apply(source)
             else:
-                source = build_credential_source(release, value)
                 await kube.patch_secret_if_unchanged(
                     release.namespace, release.credential_secret, secret["metadata"]["resourceVersion"],
                     {"data": source["data"], "metadata": {"labels": release_labels(release)}},
                 )
         except ApiException as exc:
             if exc.status == 409:
-                continue  # another replica was first, or the Secret changed meanwhile: read it again
+                continue  # the Secret changed since it was read: read it again
             raise
         log.info("runtime credential created in %s/%s", release.namespace, release.credential_secret)
-        return value
+        return read_credential(source)
 
 
 def _take(state: OperatorState, value: str) -> None:

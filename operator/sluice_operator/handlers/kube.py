@@ -85,11 +85,6 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    async def create_secret(self, manifest: dict[str, Any]) -> None:
-        """Create only: a 409 tells the caller someone else was first."""
-        await self._call(self.core.create_namespaced_secret, manifest["metadata"]["namespace"], manifest,
-                         field_manager=FIELD_MANAGER)
-
     async def patch_secret_if_unchanged(self, namespace: str, name: str, resource_version: str,
                                         patch: dict[str, Any]) -> None:
         """A merge patch that fails with 409 should the Secret have changed since `resource_version`."""

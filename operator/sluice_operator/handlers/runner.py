@@ -58,6 +58,10 @@ def run_operator(options: OperatorOptions) -> int:
         # Events are written on purpose (kopf.info/warn); log lines stay in the log.
         settings.posting.loggers = False
         settings.watching.server_timeout = 300
+        if options.namespaces:
+            # The namespaces are named, and the CRDs come with the chart: listing either cluster-wide would
+            # need a ClusterRole, which a namespaced install does without.
+            settings.scanning.disabled = True
         if options.release is not None:
             background.append(asyncio.create_task(follow_source(state), name="runtime-credential"))
         if options.peering:
