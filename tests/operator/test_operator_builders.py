@@ -286,3 +286,20 @@ def test_runtime_network_policy_without_monitoring_admits_only_the_release():
     target = Pod("demo", build_deployment(OWNER, _spec())["spec"]["template"]["metadata"]["labels"])
     assert not admits([policy], Pod("monitoring", {}), target, 8000)
     assert admits([policy], Pod("sluice", GATEWAY), target, 8000)
+
+
+@pytest.mark.parametrize("references, ours", [
+    ([], False),
+    ([{"uid": OWNER.uid, "controller": False}], False),  # named as an owner, but not as the controller
+    ([{"uid": "another-model", "controller": True}], False),
+    ([{"uid": "x", "controller": False}, {"uid": OWNER.uid, "controller": True}], True),
+], ids=["no-owner", "non-controller-reference", "another-controller", "ours"])
+def test_only_objects_the_model_controls_are_its_to_change(references, ours):
+    from sluice_operator.builders import conflict_message, foreign
+
+    built = build_all(OWNER, _spec())
+    existing = [None, None, {"metadata": {"name": "smollm2", "ownerReferences": references}}]
+    in_the_way = foreign(built, existing, OWNER.uid)
+    assert in_the_way == ([] if ours else ["Deployment smollm2"])
+    if in_the_way:
+        assert conflict_message(in_the_way).startswith("Deployment smollm2 already exists and does not belong")

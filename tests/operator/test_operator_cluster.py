@@ -462,6 +462,36 @@ def _environ(pid: int) -> bytes:
         return b""
 
 
+def test_an_object_in_the_way_is_reported_and_left_alone(setup):
+    """Names taken by someone else's Service and Deployment: the model says so (condition and Warning event),
+    the operator changes neither, and takes the names once they are free."""
+    api, _ = setup
+    api.run("create", "service", "clusterip", "taken", "--tcp=80:8080")
+    api.run("create", "deployment", "taken", "--image=busybox", "--replicas=0")
+    before = {kind: api.get(kind, "taken") for kind in ("service", "deployment")}
+    api.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "taken"},
+               "spec": {"model": {"source": "smollm2"}}})
+    degraded = wait_for(lambda: (c := api.condition("im", "taken", "Degraded")) and c.get("reason") == "NameConflict"
+                        and c, what="Degraded/NameConflict")
+    assert degraded["status"] == "True"
+    assert "Service taken and Deployment taken already exist and do not belong" in degraded["message"], degraded
+    events = json.loads(api.run("get", "events", "--field-selector", "involvedObject.name=taken,reason=NameConflict",
+                                "-o", "json").stdout)["items"]
+    assert events and events[0]["type"] == "Warning"
+    time.sleep(2)
+    for kind, obj in before.items():
+        now = api.get(kind, "taken")
+        assert now["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"], f"the {kind} was changed"
+        assert not now["metadata"].get("ownerReferences")
+    assert api.get("poddisruptionbudget", "taken") is None, "nothing is applied while a name is taken"
+
+    api.run("delete", "service,deployment", "taken")
+    wait_for(lambda: (d := api.get("deployment", "taken")) and d["metadata"].get("ownerReferences"), timeout=60,
+             what="the freed names to be taken by the model")
+    wait_for(lambda: api.condition("im", "taken", "Degraded").get("status") == "False", what="Degraded to clear")
+    api.run("delete", "im", "taken")
+
+
 def test_only_the_leader_acts(setup, samples):
     """A second replica with a lower peering priority waits, and takes over when the leader leaves."""
     api, leader = setup

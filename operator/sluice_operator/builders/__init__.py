@@ -5,6 +5,7 @@ from ..crd import InferenceModelSpec
 from .deployment import build_deployment
 from .disruption_budget import build_disruption_budget
 from .names import LABEL_MODEL, Owner, labels, model_owner_references, selector_labels, selector_string
+from .ownership import conflict_message, controlled_by, foreign
 from .release import (NetworkPeers, Release, build_credential_copy, build_credential_source,
                       build_runtime_network_policy, read_credential)
 from .service import build_service
@@ -20,6 +21,6 @@ def build_all(owner: Owner, spec: InferenceModelSpec, release: Release | None = 
 __all__ = [
     "GENERATION_ANNOTATION", "LABEL_MODEL", "NetworkPeers", "Observed", "Owner", "Release", "model_status",
     "build_all", "build_credential_copy", "build_credential_source", "build_deployment", "build_disruption_budget",
-    "build_runtime_network_policy",
+    "build_runtime_network_policy", "conflict_message", "controlled_by", "foreign",
     "build_service", "labels", "model_owner_references", "read_credential", "selector_labels", "selector_string",
 ]

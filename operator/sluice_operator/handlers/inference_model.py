@@ -1,4 +1,8 @@
-"""Reconcile an InferenceModel into its Deployment, Service and PodDisruptionBudget."""
+"""Reconcile an InferenceModel into its Deployment, Service and PodDisruptionBudget.
+
+An object of one of those names that the model did not make (no controller reference to it) is never taken
+over: the model reports the conflict and waits, and nothing is applied until the name is free.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +11,7 @@ import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from ..builders import Owner, build_all
+from ..builders import Owner, build_all, conflict_message, foreign
 from ..crd import InferenceModelSpec
 from . import release_objects
 from .model_status import PLURAL, refresh
@@ -24,7 +28,7 @@ def _api_message(exc: ApiException) -> str:
 
 
 # A conflict ends when someone removes the foreign object, which brings no event to the model: look again.
-CONFLICT_RETRY_SECONDS = 30
+CONFLICT_RETRY_SECONDS = 15
 
 
 async def _report(state: OperatorState, body: dict[str, Any], key: tuple[str, str], reason: str, message: str,
@@ -51,15 +55,19 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"], generation=meta.get("generation", 1))
     if state.release is not None and state.credential is None:
         raise kopf.TemporaryError("waiting for the runtime credential", delay=2)
-    conflicts = await release_objects.sync(state, namespace, await state.kube.list_custom(PLURAL, namespace),
-                                           always=True)
-    if conflicts:
-        message = "; ".join(conflicts)
+    in_the_way = await release_objects.sync(state, namespace, await state.kube.list_custom(PLURAL, namespace),
+                                            always=True)
+    manifests = build_all(owner, spec, state.release)
+    existing = [await state.kube.read(m["kind"], namespace, name) for m in manifests]
+    in_the_way += foreign(manifests, existing, owner.uid)
+    if in_the_way:
+        message = conflict_message(in_the_way)
         await _report(state, body, key, "NameConflict", message, "conflict")
         raise kopf.TemporaryError(message, delay=CONFLICT_RETRY_SECONDS)
-    for manifest in build_all(owner, spec, state.release):
+    for manifest, obj in zip(manifests, existing):
         try:
-            await state.kube.apply(manifest)
+            # Created without force: should someone else create the name meanwhile, that is a 409, retried.
+            await state.kube.apply(manifest, force=obj is not None)
         except ApiException as exc:
             message = f"{manifest['kind']} {name}: {_api_message(exc)}"
             if 400 <= exc.status < 500 and exc.status not in (409, 429):

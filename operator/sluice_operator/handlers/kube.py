@@ -41,8 +41,9 @@ class Kube:
         result = await asyncio.to_thread(fn, *args, **kwargs)
         return self._sanitize(result) if result is not None and not isinstance(result, dict) else result
 
-    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply: only the fields we set are ours, so other controllers' fields survive."""
+    async def apply(self, manifest: dict[str, Any], force: bool = True) -> dict[str, Any]:
+        """Server-side apply: only the fields we set are ours, so other controllers' fields survive. `force`
+        takes back fields someone else changed; without it, fields another manager set are a 409 conflict."""
         meta = manifest["metadata"]
         apply = {
             "Deployment": self.apps.patch_namespaced_deployment,
@@ -54,7 +55,7 @@ class Kube:
         }[manifest["kind"]]
         return await self._call(
             apply, meta["name"], meta["namespace"], manifest,
-            field_manager=FIELD_MANAGER, force=True, _content_type=APPLY,
+            field_manager=FIELD_MANAGER, force=force, _content_type=APPLY,
         )
 
     async def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from ..builders import Observed, model_status, selector_string
+from ..builders import Observed, controlled_by, model_status, selector_string
 from .state import OperatorState
 
 PLURAL = "inferencemodels"
@@ -22,10 +22,6 @@ def unschedulable_message(pods: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _owned_by(obj: dict[str, Any] | None, uid: str) -> bool:
-    return obj is not None and any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
-
-
 async def refresh(state: OperatorState, namespace: str, name: str) -> None:
     model = await state.kube.get_custom(PLURAL, namespace, name)
     if model is None:
@@ -36,7 +32,7 @@ async def refresh(state: OperatorState, namespace: str, name: str) -> None:
     observed = Observed(
         name=name,
         generation=model["metadata"].get("generation", 1),
-        deployment=deployment if _owned_by(deployment, uid) else None,
+        deployment=deployment if deployment is not None and controlled_by(deployment, uid) else None,
         apply_error=state.apply_errors.get((namespace, name)),
         unschedulable=unschedulable_message(pods),
         endpoints=state.endpoint_counts.get((namespace, name)),

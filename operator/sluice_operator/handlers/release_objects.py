@@ -42,12 +42,9 @@ def _ours(state: OperatorState, obj: dict[str, Any]) -> bool:
     return labels.get("app.kubernetes.io/managed-by") == MANAGED_BY and labels.get(LABEL_RELEASE) == state.release.name
 
 
-def conflict_message(kind: str, name: str) -> str:
-    return f"{kind} {name} exists and was not created by the Sluice operator; it is left as it is"
-
-
 async def sync(state: OperatorState, namespace: str, models: list[dict[str, Any]], always: bool = False) -> list[str]:
-    """Applies what the namespace needs now, removes what it no longer needs; returns the conflicts found."""
+    """Applies what the namespace needs now, removes what it no longer needs; returns 'Kind name' of each
+    foreign object in the way."""
     if state.release is None:
         return []
     wanted = _wanted(state, namespace, models)
@@ -59,7 +56,7 @@ async def sync(state: OperatorState, namespace: str, models: list[dict[str, Any]
         existing = await state.kube.read(kind, namespace, name)
         if existing is not None and not _ours(state, existing):
             if (kind, name) in wanted:
-                conflicts.append(conflict_message(kind, name))
+                conflicts.append(f"{kind} {name}")
         elif (kind, name) in wanted:
             await state.kube.apply(wanted[(kind, name)])
         elif existing is not None:
