@@ -32,10 +32,11 @@ def test_lint_is_clean(helm, values):
     assert "0 chart(s) failed" in result.stdout
 
 
-def test_default_install_runs_operator_and_gateway_only(default_objects):
+def test_default_install_runs_operator_gateway_and_their_redis(default_objects):
     kinds = sorted({obj["kind"] for obj in default_objects})
     assert kinds == ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
-                     "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount"]
+                     "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
+                     "StatefulSet"]
     assert {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")} == {
         "sluice-operator", "sluice-gateway"}
 
@@ -142,7 +143,7 @@ def test_rendered_gateway_config_loads_in_the_gateway(full_objects, tmp_path):
 
 def test_existing_secret_replaces_the_rendered_one(helm):
     objects = helm.template("--set", "gateway.config.existingSecret=my-gateway-config")
-    assert not [s for s in by_kind(objects, "Secret")]
+    assert not [s for s in by_kind(objects, "Secret") if s["metadata"]["name"] == "sluice-gateway"]
     volume = next(v for v in pod_spec(one(objects, "Deployment", "-gateway"))["volumes"] if v["name"] == "config")
     assert volume["secret"]["secretName"] == "my-gateway-config"
 
@@ -168,8 +169,9 @@ def test_operator_replicas_elect_a_leader(helm, full_objects):
         (["--set", "gateway.replicas=3"], "additional properties 'replicas' not allowed"),
         (["--set", "redis.onFailure=sometimes"], "/redis/onFailure"),
         (["--set", "monitoring.prometheusRule.kvCacheUsage=90"], "/monitoring/prometheusRule/kvCacheUsage"),
+        (["--set", "gateway.metricsPort=8080"], "/gateway/metricsPort"),
     ],
-    ids=["type", "plain-key", "typo", "enum", "range"],
+    ids=["type", "plain-key", "typo", "enum", "range", "metrics-on-the-api-port"],
 )
 def test_bad_values_fail_at_install_time(helm, args, message):
     result = helm.run("template", "sluice", str(CHART), *args, check=False)
@@ -301,3 +303,55 @@ def test_gateway_presents_the_runtime_credential_the_operator_fills(helm, defaul
     assert not [s for s in by_kind(alone, "Secret") if s["metadata"]["name"].endswith("-runtime-credential")]
     assert any(v.get("secret", {}).get("secretName") == "prod-runtime-credential"
                for v in pod_spec(one(alone, "Deployment", "-gateway"))["volumes"])
+
+
+def test_default_gateway_replicas_share_limits_through_redis(default_objects, tmp_path):
+    """Two gateway replicas by default, so Redis is on by default: a default install never multiplies limits."""
+    from sluice_gateway.config import load_config
+
+    assert one(default_objects, "Deployment", "-gateway")["spec"]["replicas"] == 2
+    redis = one(default_objects, "StatefulSet", "-redis")
+    assert "volumeClaimTemplates" not in redis["spec"], "counters only: no volume to provision"
+    assert "--save" in (args := pod_spec(redis)["containers"][0]["args"]) and args[args.index("--save") + 1] == ""
+    (tmp_path / "gateway.yaml").write_text(one(default_objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
+    assert load_config(tmp_path / "gateway.yaml").redis.url == "redis://sluice-redis:6379/0"
+
+
+@pytest.mark.parametrize("args", [
+    ["--set", "redis.bundled.enabled=false"],
+    ["--set", "redis.bundled.enabled=false", "--set", "gateway.replicaCount=3"],
+    ["--set", "redis.bundled.enabled=false", "--set", "gateway.replicaCount=1", "--set", "gateway.autoscaling.enabled=true"],
+    ["--set", "redis.bundled.enabled=false", "--set", "redis.url="],
+], ids=["two-replicas", "three-replicas", "autoscaled", "empty-url"])
+def test_several_gateway_replicas_without_redis_are_refused(helm, args):
+    result = helm.run("template", "sluice", str(CHART), *args, check=False)
+    assert result.returncode != 0 and "/redis" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("args, redis_objects, url", [
+    (["--set", "gateway.replicaCount=1", "--set", "redis.bundled.enabled=false"], 0, None),
+    (["--set", "gateway.autoscaling.enabled=true", "--set", "gateway.autoscaling.minReplicas=1",
+      "--set", "gateway.autoscaling.maxReplicas=1", "--set", "redis.bundled.enabled=false"], 0, None),
+    (["--set", "redis.url=redis://shared:6379/2"], 0, "redis://shared:6379/2"),
+    (["--set", "redis.bundled.enabled=false", "--set", "redis.url=redis://shared:6379/2"], 0, "redis://shared:6379/2"),
+], ids=["one-replica", "autoscaled-to-one", "own-redis-wins-over-bundled", "own-redis"])
+def test_one_replica_or_an_own_redis_is_accepted(helm, args, redis_objects, url, tmp_path):
+    from sluice_gateway.config import load_config
+
+    objects = helm.template(*args)
+    assert len([o for o in objects if o["metadata"]["name"] == "sluice-redis"]) == redis_objects
+    (tmp_path / "gateway.yaml").write_text(one(objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
+    config = load_config(tmp_path / "gateway.yaml")
+    assert (config.redis.url if config.redis else None) == url
+
+
+def test_gateway_config_reaches_the_running_gateway(default_objects):
+    """A whole Secret volume (the kubelet updates it in place; a subPath mount never would) and no config checksum
+    forcing restarts: the gateway reloads the file."""
+    deployment = one(default_objects, "Deployment", "-gateway")
+    spec = pod_spec(deployment)
+    assert all("subPath" not in m for m in spec["containers"][0]["volumeMounts"])
+    config = next(v for v in spec["volumes"] if v["name"] == "config")
+    assert config["secret"]["secretName"] == "sluice-gateway"
+    assert "--config=/etc/sluice/gateway/gateway.yaml" in spec["containers"][0]["args"]
+    assert not any(k.startswith("checksum/") for k in (deployment["spec"]["template"]["metadata"].get("annotations") or {}))

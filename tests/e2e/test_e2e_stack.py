@@ -17,7 +17,7 @@ import pytest
 import yaml
 from sluice_contracts import runtime_credential
 
-from fixtures.sluice_stack import ADMIN_KEY, NAMESPACE, RELEASE, REPO, ROUTING_TABLE, ready, wait_for
+from fixtures.sluice_stack import ADMIN_KEY, NAMESPACE, RELEASE, REPO, ROUTING_TABLE, TENANT_KEY, ready, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -184,6 +184,39 @@ def test_3b_runtime_pods_refuse_a_pod_without_the_credential(stack):
     reply = stack.client().chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Hi"}],
                                                    max_tokens=2)
     assert reply.usage.completion_tokens > 0
+
+
+def _answers(stack, key: str) -> bool:
+    try:
+        stack.client(key=key).models.list()
+        return True
+    except openai.AuthenticationError:
+        return False
+
+
+def test_3c_a_revoked_key_stops_working_without_a_restart(stack, record_property):
+    """`helm upgrade` replaces the tenant's key: the running gateway reloads its config, the old key gets 401,
+    the new one works, no pod restarts, and the operator's runtime credential survives the upgrade."""
+    import hashlib
+
+    gateway = stack.gateway_pod()
+    (pid,) = stack.processes(gateway["metadata"]["name"])
+    credential = stack.get("secret", runtime_credential.secret_name(RELEASE))["data"]
+    rotated = "sk-sluice-e2e-rotated"
+    tenants = yaml.safe_load(VALUES.read_text())["gateway"]["config"]["tenants"]
+    tenants[0]["keys"] = [{"id": "rotated", "sha256": hashlib.sha256(rotated.encode()).hexdigest()}]
+    started = time.monotonic()
+    stack.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(VALUES),
+               "--set-json", f"gateway.config.tenants={json.dumps(tenants)}")
+    wait_for(lambda: not _answers(stack, TENANT_KEY), timeout=120, interval=0.5, what="the old key to be refused")
+    record_property("revoked_s", round(time.monotonic() - started, 1))
+    assert _answers(stack, rotated)
+    assert stack.gateway_pod()["metadata"]["name"] == gateway["metadata"]["name"]
+    assert stack.processes(gateway["metadata"]["name"]) == [pid], "the gateway was not restarted"
+    assert stack.get("secret", runtime_credential.secret_name(RELEASE))["data"] == credential
+
+    stack.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(VALUES))
+    wait_for(lambda: _answers(stack, TENANT_KEY), timeout=120, interval=0.5, what="the e2e key to work again")
 
 
 def _canary_route(smollm2: int, canary: int) -> str:

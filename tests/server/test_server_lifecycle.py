@@ -75,7 +75,7 @@ def test_alias_and_prompt_logging(small_server):
                                                   messages=[{"role": "user", "content": "log me please"}])
         assert response.model == name
     time.sleep(0.3)
-    line = next(r for r in small_server.request_log() if r["request_id"] == "chat")
+    line = next(r for r in small_server.request_log() if r.get("client_request_id") == "chat")
     assert "log me please" in line["prompt"]
 
 

@@ -77,7 +77,7 @@ def test_each_request_logs_one_json_line(runtime_server_process, runtime_openai)
                headers={"x-request-id": "log-check-2"})
     deadline = time.monotonic() + 5
     while True:
-        lines = {line["request_id"]: line for line in runtime_server_process.request_log()}
+        lines = {line.get("client_request_id"): line for line in runtime_server_process.request_log()}
         if {"log-check-1", "log-check-2"} <= set(lines) or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -88,7 +88,8 @@ def test_each_request_logs_one_json_line(runtime_server_process, runtime_openai)
     assert {"queue_s", "prefill_s", "decode_s", "total_s"} <= set(ok)
     assert "prompt" not in ok and "secret prompt text" not in json.dumps(ok)
     assert bad["status"] == 404 and bad["error_code"] == "model_not_found"
-    assert [line["request_id"] for line in runtime_server_process.request_log()].count("log-check-1") == 1
+    assert [line.get("client_request_id") for line in runtime_server_process.request_log()].count("log-check-1") == 1
+    assert ok["request_id"].startswith("req-") and ok["request_id"] != bad["request_id"]
 
 
 def test_stream_disconnect_aborts_and_frees_blocks(runtime_server):

@@ -49,8 +49,13 @@ app.kubernetes.io/managed-by: sluice-operator
 {{- .Values.gateway.config.existingSecret | default (printf "%s-gateway" (include "sluice.fullname" .)) -}}
 {{- end -}}
 
+{{/* The bundled Redis runs unless redis.url names another. */}}
+{{- define "sluice.redisBundled" -}}
+{{- if and .Values.redis.bundled.enabled (not .Values.redis.url) }}true{{ end -}}
+{{- end -}}
+
 {{- define "sluice.redisUrl" -}}
-{{- if .Values.redis.bundled.enabled -}}
+{{- if include "sluice.redisBundled" . -}}
 redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- else -}}
 {{- .Values.redis.url -}}

@@ -45,6 +45,9 @@ class AsyncEngine:
                        priority: int = 0, deadline: float | None = None) -> AsyncIterator[RequestOutput]:
         if not self.is_running:
             raise EngineDead(f"the engine loop is not running: {self.error!r}")
+        if request_id in self._streams:
+            # Checked before registering: the cleanup of a refused duplicate must not drop the first one's stream.
+            raise ValueError(f"request id {request_id!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), queue)
         try:

@@ -87,7 +87,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     app.state.runtime = rt
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
-                       lifecycle=rt.lifecycle, metrics=rt.metrics)
+                       lifecycle=rt.lifecycle, metrics=rt.metrics, credential=settings.credential)
 
     def describe(record, greq) -> None:
         record.sampling = {k: v for k, v in vars(greq.params).items() if k != "constraint"}

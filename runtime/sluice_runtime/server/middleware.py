@@ -11,7 +11,7 @@ import time
 import uuid
 
 from .disconnect import ClientDisconnected
-from .errors import APIError, internal_error, shutting_down
+from .errors import APIError, internal_error, shutting_down, unauthorized
 from .request_log import RequestRecord
 
 log = logging.getLogger("sluice.server")
@@ -26,8 +26,9 @@ class _BodyTooLarge(Exception):
 
 
 class RequestContextMiddleware:
-    def __init__(self, app, *, max_body_bytes: int, lifecycle, metrics):
+    def __init__(self, app, *, max_body_bytes: int, lifecycle, metrics, credential=None):
         self.app = app
+        self._credential = credential
         self._max_body = max_body_bytes
         self._lifecycle = lifecycle
         self._metrics = metrics
@@ -37,10 +38,15 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        # The client's id is echoed and logged, never used inside: two requests sending one id must not meet
+        # in the engine, where a request id names the request to stream to and to abort.
+        request_id = f"req-{uuid.uuid4().hex}"
         client_id = headers.get("x-request-id", "")
-        request_id = client_id if _CLIENT_ID.match(client_id) else f"req-{uuid.uuid4().hex}"
+        client_id = client_id if _CLIENT_ID.match(client_id) else None
+        echoed = (client_id or request_id).encode()
         path = scope["path"]
-        record = RequestRecord(request_id=request_id, method=scope["method"], path=path)
+        record = RequestRecord(request_id=request_id, client_request_id=client_id, method=scope["method"],
+                               path=path)
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         state["record"] = record
@@ -53,7 +59,7 @@ class RequestContextMiddleware:
                 response_started = True
                 record.status = message["status"]
                 message = dict(message)
-                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", request_id.encode())]
+                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", echoed)]
             await send(message)
 
         received = 0
@@ -67,8 +73,11 @@ class RequestContextMiddleware:
                     raise _BodyTooLarge()
             return message
 
+        refusal = self._credential.refusal(path, scope["headers"]) if self._credential else None
         try:
-            if self._lifecycle.draining and path not in _OPERATIONAL_PATHS:
+            if refusal is not None:
+                await self._send_error(unauthorized(refusal), record, scope, receive, send_with_id)
+            elif self._lifecycle.draining and path not in _OPERATIONAL_PATHS:
                 await self._send_error(shutting_down(), record, scope, receive, send_with_id)
             elif _int(headers.get("content-length")) > self._max_body:
                 await self._send_error(self._too_large(), record, scope, receive, send_with_id)

@@ -10,9 +10,10 @@ log = logging.getLogger("sluice.requests")
 
 @dataclass
 class RequestRecord:
-    request_id: str
+    request_id: str  # the server's own, unique
     method: str
     path: str
+    client_request_id: str | None = None  # the client's x-request-id, which need not be unique
     status: int | None = None
     model: str | None = None
     template_version: str | None = None

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from sluice_runtime.engine.config import parse_memory
 
+from .credential import RuntimeCredential
+
 
 @dataclass
 class ServerSettings:
@@ -21,6 +23,9 @@ class ServerSettings:
     # Generation requests still running after this many seconds end with a timeout error.
     request_timeout: float | None = 600.0
     print_examples: bool = False
+    # The mounted runtime credential; None: every caller is served (the local `make run` case).
+    api_key_file: str | None = None
+    credential: RuntimeCredential | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         checks = [
@@ -34,6 +39,8 @@ class ServerSettings:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.api_key_file is not None:
+            self.credential = RuntimeCredential(self.api_key_file)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -52,10 +59,14 @@ class ServerSettings:
                            help="seconds a generation request may run before it is stopped")
         group.add_argument("--print-examples", action="store_true",
                            help="print ready-to-paste curl and Python examples once serving")
+        group.add_argument("--api-key-file", default=None, metavar="PATH",
+                           help="file holding the runtime credential; when given, every path but /health, /ready, "
+                                "/metrics and /load needs 'Authorization: Bearer <credential>'")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerSettings":
         return cls(host=args.host, port=args.port, served_model_names=list(args.served_model_names),
                    chat_template=args.chat_template, log_prompts=args.log_prompts,
                    max_body_bytes=parse_memory(args.max_body_bytes), shutdown_timeout=args.shutdown_timeout,
-                   request_timeout=args.request_timeout, print_examples=args.print_examples)
+                   request_timeout=args.request_timeout, print_examples=args.print_examples,
+                   api_key_file=args.api_key_file)
