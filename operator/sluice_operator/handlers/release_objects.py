@@ -29,7 +29,7 @@ def _names(state: OperatorState, namespace: str) -> list[tuple[str, str]]:
 
 def _wanted(state: OperatorState, namespace: str, models: list[dict[str, Any]]) -> dict[tuple[str, str], dict]:
     release = state.release
-    if not models or state.credential is None:
+    if not models:
         return {}
     objects = {("Secret", release.credential_secret): build_credential_copy(release, namespace, state.credential, models)}
     if release.peers is not None:
@@ -45,8 +45,8 @@ def _ours(state: OperatorState, obj: dict[str, Any]) -> bool:
 async def sync(state: OperatorState, namespace: str, models: list[dict[str, Any]], always: bool = False) -> list[str]:
     """Applies what the namespace needs now, removes what it no longer needs; returns 'Kind name' of each
     foreign object in the way."""
-    if state.release is None:
-        return []
+    if state.release is None or state.credential is None:
+        return []  # not before the credential is known: a copy must never be removed for want of it
     wanted = _wanted(state, namespace, models)
     fingerprint = json.dumps(list(wanted.values()), sort_keys=True)
     if not always and state.release_applied.get(namespace) == fingerprint:
