@@ -355,3 +355,14 @@ def test_gateway_config_reaches_the_running_gateway(default_objects):
     assert config["secret"]["secretName"] == "sluice-gateway"
     assert "--config=/etc/sluice/gateway/gateway.yaml" in spec["containers"][0]["args"]
     assert not any(k.startswith("checksum/") for k in (deployment["spec"]["template"]["metadata"].get("annotations") or {}))
+
+
+def test_gateway_pods_get_time_to_drain_what_they_serve(helm, tmp_path):
+    """The kubelet's SIGKILL must not come before the gateway has finished the requests it drains."""
+    from sluice_gateway.config import load_config
+
+    objects = helm.template("--set", "gateway.shutdown.readyGraceSeconds=7", "--set", "gateway.shutdown.drainSeconds=600")
+    (tmp_path / "gateway.yaml").write_text(one(objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
+    config = load_config(tmp_path / "gateway.yaml")
+    assert (config.shutdown.ready_grace_s, config.drain_s) == (7, 600)
+    assert pod_spec(one(objects, "Deployment", "-gateway"))["terminationGracePeriodSeconds"] == 7 + 600 + 10
