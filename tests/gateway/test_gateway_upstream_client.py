@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from sluice_gateway.upstream_client import ConnectionPool, UpstreamError
+from sluice_gateway.upstream_client import ConnectionPool, ResponseTooLarge, UpstreamError
 
 
 class Server:
@@ -132,4 +132,25 @@ async def test_closing_an_unfinished_response_drops_the_connection():
             break
         response.close()
         await asyncio.wait_for(server.closed.wait(), 5)
+        pool.close()
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+async def test_a_body_past_the_read_limit_is_refused_before_it_is_held(declared):
+    async def respond(reader, writer):
+        if declared:
+            writer.write(ok(b"x" * 10_000_000))
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+            for _ in range(100):
+                writer.write(b"%x\r\n%s\r\n" % (100_000, b"x" * 100_000))
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with Server(respond) as server:
+        pool = ConnectionPool(connect_timeout_s=2)
+        response = await pool.request("POST", server.url, "/", b"{}")
+        with pytest.raises(ResponseTooLarge):
+            await response.read(1_000_000)
+        response.close()
         pool.close()
