@@ -350,7 +350,7 @@ def served(setup, kube_cluster, smollm2_dir):
         items = json.loads(api.run("get", "pods", "-l", "sluice.dev/inference-model=served", "-o", "json").stdout)
         (pod,) = [p for p in items["items"] if not p["metadata"].get("deletionTimestamp")]
         yield launcher, pod
-        api.run("delete", "im", "served", "--wait=false")
+        api.run("delete", "im", "served", "--ignore-not-found", "--wait=false")
 
 
 def test_runtime_pods_pass_the_restricted_profile_and_serve(setup, served):
@@ -538,11 +538,12 @@ def test_restart_changes_nothing(setup, samples):
 def test_deletion_leaves_nothing_behind(setup, samples):
     api, operator = setup
     api.run("delete", "mr", "chat")
-    api.run("delete", "im", "smollm2")
+    api.run("delete", "im", "smollm2", "served", "--ignore-not-found")
 
     def gone():
         left = [k for k in ("deployment", "service", "poddisruptionbudget", "configmap") if
                 api.get(k, "smollm2" if k != "configmap" else TABLE)]
+        left += ["networkpolicy"] if api.get("networkpolicy", f"{RELEASE}-runtime") else []
         pods = api.run("get", "pods", "-o", "name").stdout.strip()
         return not left and not pods and True
 
