@@ -153,13 +153,28 @@ class GatewayConfig(_Strict):
         return self
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys silently; in this file the first could be the one meant (a
+    second `tenants:` would hide every key of the first), so it is an error."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 class ConfigError(ValueError):
     """gateway.yaml is missing or invalid; the message says where and why."""
 
 
 def load_config(path: str | Path) -> GatewayConfig:
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)
     except OSError as exc:
         raise ConfigError(f"cannot read gateway config {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:

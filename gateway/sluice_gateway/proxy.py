@@ -201,20 +201,7 @@ class Upstream:
         try:
             content_type = resp.headers.get("content-type", "application/json").encode()
             if not stream:
-                try:
-                    async with asyncio.timeout_at(total_deadline):
-                        data = await resp.read(self._max_response_bytes)
-                except ResponseTooLarge:
-                    self._metrics.upstream_errors.labels(outcome.backend, "response_too_large").inc()
-                    raise GatewayError(
-                        502, f"the model's response is larger than the gateway's limit of "
-                        f"{self._max_response_bytes} bytes; ask for fewer tokens, choices or logprobs, or stream it",
-                        code="upstream_response_too_large",
-                    ) from None
-                except (UpstreamError, TimeoutError) as exc:
-                    if isinstance(exc, TimeoutError):
-                        raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
-                    raise GatewayError(502, "the model server closed the connection mid-response") from None
+                data = await self._read_whole(resp, total_deadline, outcome)
                 body_at = time.perf_counter()
                 complete = True
                 outcome.overhead_s += time.perf_counter() - body_at
@@ -267,6 +254,21 @@ class Upstream:
                 resp.release()
             else:
                 resp.close()
+
+    async def _read_whole(self, resp: UpstreamResponse, deadline: float, outcome: Outcome) -> bytes:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await resp.read(self._max_response_bytes)
+        except ResponseTooLarge:
+            self._metrics.upstream_errors.labels(outcome.backend, "response_too_large").inc()
+            raise GatewayError(
+                502, f"the model's response is larger than the gateway's limit of {self._max_response_bytes} "
+                "bytes; ask for fewer tokens, choices or logprobs, or stream it", code="upstream_response_too_large",
+            ) from None
+        except TimeoutError:
+            raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
+        except UpstreamError:
+            raise GatewayError(502, "the model server closed the connection mid-response") from None
 
 
 def _overhead_header(outcome: Outcome) -> tuple[bytes, bytes]:

@@ -35,6 +35,19 @@ def test_an_empty_config_has_working_defaults(tmp_path):
     (f"tenants: [{{name: a, keys: [{{id: k, sha256: {DIGEST}}}]}}, {{name: b, keys: [{{id: l, sha256: {DIGEST}}}]}}]",
      "listed twice"),
     ("tenants: [: bad", "not valid YAML"),
+    ("timeouts: {request_read_s: 0}", "timeouts.request_read_s"),
+    ("timeouts: {keep_alive_s: .inf}", "timeouts.keep_alive_s"),
+    ("timeouts: {total_s: .nan}", "timeouts.total_s"),
+    ("timeouts: {request_read_s: 1e300}", "timeouts.request_read_s"),
+    ("shutdown: {ready_grace_s: -1}", "shutdown.ready_grace_s"),
+    ("shutdown: {drain_s: 0}", "shutdown.drain_s"),
+    ("shutdown: {grace_s: 5}", "shutdown.grace_s"),
+    ("max_response_bytes: 0", "max_response_bytes"),
+    ("upstream_credential_file: [a]", "upstream_credential_file"),
+    ("[]", "(top level)"),
+    ("false", "(top level)"),
+    ("metrics_port: 9091\nmetrics_port: 8080", "'metrics_port' appears twice"),
+    ("tenants: [{name: a, keys: [{id: k, sha256: %s, id: j}]}]" % DIGEST, "'id' appears twice"),
 ])
 def test_invalid_configs_name_the_problem(tmp_path, text, fragment):
     path = tmp_path / "gateway.yaml"
@@ -42,6 +55,17 @@ def test_invalid_configs_name_the_problem(tmp_path, text, fragment):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert fragment in str(err.value)
+
+
+def test_drain_defaults_to_the_total_timeout_and_files_are_relative_to_the_config(tmp_path):
+    path = tmp_path / "gateway.yaml"
+    path.write_text("timeouts: {total_s: 42}\nupstream_credential_file: secret/api-key\n")
+    config = load_config(path)
+    assert config.drain_s == 42 and config.shutdown.ready_grace_s == 5
+    assert config.upstream_credential_file == tmp_path / "secret" / "api-key"
+    path.write_text("shutdown: {drain_s: 7}\nupstream_credential_file: /var/run/sluice/runtime-credential/api-key\n")
+    config = load_config(path)
+    assert config.drain_s == 7 and str(config.upstream_credential_file).startswith("/var/run/sluice")
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path):
