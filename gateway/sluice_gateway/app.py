@@ -19,7 +19,9 @@ from typing import Any
 from .auth import KeyStore, Principal
 from .config import GatewayConfig
 from .errors import GatewayError
-from .limits import Grant, Limiter, LimiterUnavailable
+from .admission import Admission
+from .cost import check_context, reserve
+from .limits import Limiter
 from .limits.memory import MemoryLimiter
 from .limits.redis import RedisLimiter
 from .load_poller import LoadPoller
@@ -27,7 +29,7 @@ from .metrics import GatewayMetrics
 from .picker import Picker
 from .proxy import Outcome, Upstream
 from .request import parse_request
-from .routing_table import RoutingTable
+from .routing_table import Route, RoutingTable, max_model_len
 from .watched_files import WatchedFiles
 
 log = logging.getLogger("sluice_gateway")
@@ -39,7 +41,7 @@ _PROXIED = {
     "/v1/embeddings": "embedding",
 }
 _JSON = (b"content-type", b"application/json")
-# A client's request id is kept when it is short and plain (it goes into logs and upstream headers).
+# A client's request id is echoed and logged when it is short and plain; it never names the request inside.
 _CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Request ids: a random per-process prefix and a counter, unique without a system call per request.
 _request_ids = (f"{uuid.uuid4().hex[:16]}{n:08x}".encode() for n in itertools.count())
@@ -169,12 +171,16 @@ class GatewayApp:
     async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         started = time.perf_counter()
         headers = dict(scope["headers"])
+        # Every request gets its own id, used inside the gateway and upstream; a client's id is only echoed and
+        # logged, so two requests sending one id never touch each other.
+        own_id = next(_request_ids)
         client_id = headers.get(b"x-request-id")
-        request_id = client_id if client_id and _CLIENT_ID.match(client_id) else next(_request_ids)
+        client_id = client_id if client_id and _CLIENT_ID.match(client_id) else None
+        request_id = client_id or own_id  # what the response says
         path, method = scope["path"], scope["method"]
         kind = _PROXIED.get(path)
         if kind is not None and method == "POST":
-            await self._proxy(kind, path, headers, request_id, started, receive, send)
+            await self._proxy(kind, path, headers, own_id, client_id, started, receive, send)
             return
         try:
             if method != "GET" and (kind is not None or path in _GET_ROUTES):
@@ -189,39 +195,36 @@ class GatewayApp:
 
     # -- the proxied endpoints ---------------------------------------------------------------------------
     async def _proxy(
-        self, kind: str, path: str, headers: dict[bytes, bytes], request_id: bytes, started: float,
-        receive: Any, send: Any,
+        self, kind: str, path: str, headers: dict[bytes, bytes], request_id: bytes, client_id: bytes | None,
+        started: float, receive: Any, send: Any,
     ) -> None:
         outcome = Outcome()
         principal: Principal | None = None
-        grant: Grant | None = None
-        response_headers = [(b"x-request-id", request_id)]
+        admission = Admission(self.limiter, self.metrics)
+        response_headers = [(b"x-request-id", client_id or request_id), (b"x-sluice-request-id", request_id)]
         response_started = False
+        stream = False
 
         async def send_tracked(message: dict[str, Any]) -> None:
             nonlocal response_started
             response_started = True
+            if stream and message["type"] == "http.response.body":
+                admission.streamed(message.get("body", b""))
             await send(message)
 
         self.metrics.in_flight.inc()
         try:
             principal = self._principal(headers)
             body = await _read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
-            parsed = parse_request(
-                body, kind=kind, default_max_tokens=self.config.default_max_tokens,
-                prefix_chars=self.config.routing.prefix_chars,
-            )
+            parsed = parse_request(body, kind=kind, prefix_chars=self.config.routing.prefix_chars)
             table = self.table
-            route = table.route(parsed.model)
-            if route is None:
-                raise GatewayError(
-                    404, f"The model '{parsed.model}' does not exist", param="model", code="model_not_found"
-                )
+            routes = self._routes(table, principal, parsed.model)
             outcome.route = parsed.model
-            if not principal.may_use(parsed.model):
-                raise GatewayError(403, f"Your key may not use the model '{parsed.model}'",
-                                   param="model", code="model_not_allowed")
-            grant = await self._admit(principal, parsed.estimated_tokens, response_headers)
+            context = max_model_len(routes)
+            check_context(parsed, context)  # before any limit: a request that can never fit is not retried
+            reservation = reserve(parsed, context, self.config.default_max_tokens)
+            await admission.admit(principal, reservation, parsed.payload, response_headers)
+            stream = parsed.stream
             strip_usage = parsed.stream and not parsed.client_wants_usage
             if strip_usage:
                 # Usage lets the limiter settle the real token count; the client did not ask, so it is dropped.
@@ -230,7 +233,8 @@ class GatewayApp:
             user = parsed.payload.get("user")
             sticky = session.decode(errors="replace") if session else (user if isinstance(user, str) else None)
             attempts = self.picker.plan(
-                table, parsed.model, prefix=parsed.prefix if route.affinity == "prefix" else None, session=sticky
+                table, parsed.model, prefix=parsed.prefix if routes[0][1].affinity == "prefix" else None,
+                session=sticky, allowed=principal.may_use,
             )
             await self._forward_until_disconnect(
                 attempts, path, parsed.payload, parsed.stream, strip_usage, request_id, started,
@@ -252,9 +256,8 @@ class GatewayApp:
                 await _send_all(send, 500, body, [_JSON, *response_headers], started)
         finally:
             self.metrics.in_flight.dec()
-            if grant is not None:
-                await self.limiter.finish(grant, _total_tokens(outcome))
-            self._record(principal, outcome, request_id, started)
+            await admission.settle(outcome.prompt_tokens, outcome.completion_tokens, outcome.status)
+            self._record(principal, outcome, request_id, started, client_id)
 
     def _principal(self, headers: dict[bytes, bytes]) -> Principal:
         authorization = headers.get(b"authorization")
@@ -265,21 +268,16 @@ class GatewayApp:
             raise GatewayError(401, message, code="invalid_api_key")
         return principal
 
-    async def _admit(self, principal: Principal, tokens: int, response_headers: list) -> Grant:
-        try:
-            decision = await self.limiter.acquire(principal.tenant, principal.limits, tokens)
-        except LimiterUnavailable as exc:
-            self.metrics.limiter_errors.inc()
-            raise GatewayError(503, f"{exc}; try again shortly", code="limiter_unavailable",
-                               headers=[(b"retry-after", b"1")]) from None
-        if decision.degraded:
-            self.metrics.limiter_errors.inc()
-        response_headers.extend(decision.usage.headers())
-        if decision.grant is None:
-            self.metrics.limit_rejections.labels(principal.tenant, decision.rejected).inc()
-            raise GatewayError(429, decision.message, code="rate_limit_exceeded",
-                               headers=[(b"retry-after", decision.retry_after_header)])
-        return decision.grant
+    def _routes(self, table: RoutingTable, principal: Principal, model: str) -> list[tuple[str, Route]]:
+        """The routes that may serve this tenant's request. 403 comes before 404, so that whether a model
+        exists is told only to keys that may use it."""
+        if not principal.may_use(model):
+            raise GatewayError(403, f"Your key may not use the model '{model}'", param="model",
+                               code="model_not_allowed")
+        routes = table.reachable(model, principal.may_use)
+        if not routes:
+            raise GatewayError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        return routes
 
     async def _forward_until_disconnect(
         self, attempts: Any, path: str, payload: dict, stream: bool, strip_usage: bool, request_id: bytes,
@@ -313,7 +311,10 @@ class GatewayApp:
         finally:
             watcher.cancel()
 
-    def _record(self, principal: Principal | None, outcome: Outcome, request_id: bytes, started: float) -> None:
+    def _record(
+        self, principal: Principal | None, outcome: Outcome, request_id: bytes, started: float,
+        client_id: bytes | None = None,
+    ) -> None:
         tenant = principal.tenant if principal else ""
         self.metrics.requests.labels(outcome.route, outcome.backend, tenant, str(outcome.status)).inc()
         self.metrics.overhead.observe(outcome.overhead_s)
@@ -323,6 +324,7 @@ class GatewayApp:
         if self.config.access_log and access_log.isEnabledFor(logging.INFO):
             access_log.info(json.dumps({
                 "request_id": request_id.decode(errors="replace"),
+                "client_request_id": client_id.decode() if client_id else None,
                 "tenant": tenant,
                 "key_id": principal.key_id if principal else None,
                 "route": outcome.route,
@@ -423,12 +425,6 @@ async def _send_all(send: Any, status: int, body: bytes, headers: list, started:
         *headers, (b"content-length", str(len(body)).encode()), (b"x-sluice-overhead-ms", overhead),
     ]})
     await send({"type": "http.response.body", "body": body})
-
-
-def _total_tokens(outcome: Outcome) -> int | None:
-    if outcome.prompt_tokens is None:
-        return None
-    return outcome.prompt_tokens + (outcome.completion_tokens or 0)
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -121,7 +121,8 @@ class GatewayConfig(_Strict):
         default=None, description="Runtime credential sent upstream as a Bearer token; relative to this file."
     )
     default_max_tokens: int = Field(
-        default=512, gt=0, description="Tokens reserved for output when a request sets no max_tokens."
+        default=512, gt=0,
+        description="Output tokens reserved for a request without max_tokens whose backend has no maxModelLen.",
     )
     routes_file: Path | None = Field(
         default=None, description="Routing table used when --routes is not given; relative to this file."

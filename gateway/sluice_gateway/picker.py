@@ -13,7 +13,7 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .config import Routing
@@ -109,26 +109,18 @@ class Picker:
 
     # -- choosing -----------------------------------------------------------------------------------------
     def plan(
-        self, table: RoutingTable, route_name: str, *, prefix: bytes | None, session: str | None
+        self, table: RoutingTable, route_name: str, *, prefix: bytes | None, session: str | None,
+        allowed: Callable[[str], bool] = lambda name: True,
     ) -> Iterator[Attempt]:
-        """Endpoints to try, best first: the weighted backend, the route's other backends, then fallbacks.
+        """Endpoints to try, best first: the weighted backend, the route's other backends, then the fallbacks
+        the tenant is `allowed` to use.
 
         Lazy, so each retry sees the health reported by the attempt before it.
         """
-        visited: set[str] = set()
-        pending = [route_name]
-        while pending:
-            name = pending.pop(0)
-            if name in visited:
-                continue
-            visited.add(name)
-            route = table.route(name)
-            if route is None:
-                continue
+        for name, route in table.reachable(route_name, allowed):
             for backend in self._backend_order(route, session):
                 for endpoint in self._endpoint_order(backend, route, prefix, session):
                     yield Attempt(name, backend, endpoint)
-            pending.extend(route.fallbacks)
 
     def _backend_order(self, route: Route, session: str | None) -> list[Backend]:
         now = time.monotonic()

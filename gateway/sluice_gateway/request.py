@@ -1,4 +1,15 @@
-"""What the gateway needs from an OpenAI request body: model, stream, a token estimate, a prefix key."""
+"""What the gateway needs from an OpenAI request body: model, stream, cost fields, prompt sizes, a prefix key.
+
+The fields that decide what a request costs (max tokens under both names, n, the prompt count, ignore_eos)
+are read by `sluice_contracts.request_cost`, the reading the runtime generates from, never here.
+
+The gateway cannot tokenize, so it brackets each prompt's length in tokens instead of guessing it:
+- `upper`: one token per UTF-8 byte of text (no tokenizer makes a token of less than a byte; byte-fallback
+  vocabularies spend up to one per byte), plus the chat template's framing; what reservations use.
+- `lower`: one token per `MAX_CHARS_PER_TOKEN` characters; what context-length refusals use, so the
+  gateway refuses only a prompt that cannot fit whatever the tokenizer.
+Token-id prompts are counted exactly. The runtime counts exactly in any case and the limiter settles with it.
+"""
 from __future__ import annotations
 
 import json
@@ -6,11 +17,22 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic_core
+
+from sluice_contracts.request_cost import InvalidCostField, RequestCost, read_request_cost
+
 from .errors import GatewayError
 
-# Roughly four characters per token for English text, plus a few tokens of chat-template framing per message.
-_CHARS_PER_TOKEN = 4
-_TOKENS_PER_MESSAGE = 4
+# Longer than any vocabulary entry we know of (SmolLM2's longest is 81 characters of whitespace).
+MAX_CHARS_PER_TOKEN = 256
+# Chat templates wrap each message in a few tokens (role markers, separators); an allowance, settled later.
+_TEMPLATE_TOKENS_PER_MESSAGE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    lower: int  # the prompt has at least this many tokens
+    upper: int  # and, template framing aside, at most this many
 
 
 @dataclass(slots=True)
@@ -19,56 +41,62 @@ class ParsedRequest:
     model: str
     stream: bool
     client_wants_usage: bool
-    estimated_tokens: int
+    cost: RequestCost
+    prompts: tuple[PromptSize, ...]  # one per prompt (a /v1/completions or /v1/embeddings list), else one
+    prompt_param: str  # the field holding the prompt, for error messages
     prefix: bytes
 
 
-def parse_request(body: bytes, *, kind: str, default_max_tokens: int, prefix_chars: int) -> ParsedRequest:
+def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest:
     """`kind` is "chat", "completion" or "embedding"; raises GatewayError(400) for malformed bodies."""
-    try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise GatewayError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise GatewayError(400, "request body must be a JSON object")
+    payload = _json_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise GatewayError(400, "you must provide a model parameter", param="model", code="missing_model")
     stream = payload.get("stream") is True
     options = payload.get("stream_options")
     client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
-
     if kind == "chat":
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise GatewayError(400, "messages must be a non-empty array", param="messages")
-        texts = [_message_text(m) for m in messages]
-        prompt_tokens = sum(_text_tokens(t) + _TOKENS_PER_MESSAGE for t in texts)
-        if "tools" in payload:
-            prompt_tokens += _text_tokens(json.dumps(payload["tools"]))
+        texts, prompts = _chat_prompt(payload)
+        prompt_param = "messages"
     else:
-        field = "prompt" if kind == "completion" else "input"
-        parts = _prompt_parts(payload.get(field), field)
-        texts = [text for text, _ in parts]
-        prompt_tokens = sum(tokens for _, tokens in parts)
-
-    if kind == "embedding":
-        output_tokens = 0
-    else:
-        limit = payload.get("max_completion_tokens", payload.get("max_tokens"))
-        if limit is None:
-            limit = default_max_tokens
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise GatewayError(400, "max_tokens must be a non-negative integer", param="max_tokens")
-        choices = payload.get("n", 1)
-        output_tokens = limit * (choices if isinstance(choices, int) and choices > 0 else 1)
-
+        prompt_param = "prompt" if kind == "completion" else "input"
+        texts, prompts = _listed_prompts(payload.get(prompt_param), prompt_param)
+    try:
+        cost = read_request_cost(payload, kind)  # type: ignore[arg-type]
+    except InvalidCostField as exc:
+        raise GatewayError(400, str(exc), param=exc.param, code="invalid_value") from None
     prefix = "\x1e".join(texts)[:prefix_chars].encode()
-    return ParsedRequest(payload, model, stream, client_wants_usage, prompt_tokens + output_tokens, prefix)
+    return ParsedRequest(payload, model, stream, client_wants_usage, cost, tuple(prompts), prompt_param, prefix)
 
 
-def _text_tokens(text: str) -> int:
-    return math.ceil(len(text) / _CHARS_PER_TOKEN)
+def _json_object(body: bytes) -> dict[str, Any]:
+    # pydantic-core's parser stops at 200 levels of nesting with a ValueError, where the standard library's
+    # would recurse until RecursionError; nothing in the OpenAI API nests anywhere near that deep.
+    try:
+        payload = pydantic_core.from_json(body, allow_inf_nan=False)
+    except ValueError as exc:
+        reason = "it is nested too deeply" if "recursion limit" in str(exc) else str(exc)
+        raise GatewayError(400, f"request body is not valid JSON: {reason}", code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise GatewayError(400, "request body must be a JSON object", code="invalid_json")
+    return payload
+
+
+def _text_size(text: str, framing: int = 0) -> PromptSize:
+    return PromptSize(math.ceil(len(text) / MAX_CHARS_PER_TOKEN), len(text.encode()) + framing)
+
+
+def _chat_prompt(payload: dict[str, Any]) -> tuple[list[str], list[PromptSize]]:
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "messages must be a non-empty array", param="messages")
+    texts = [_message_text(m) for m in messages]
+    joined = "".join(texts)
+    tools = payload.get("tools")
+    if tools is not None:
+        joined += json.dumps(tools)  # rendered into the prompt by the template
+    return texts, [_text_size(joined, _TEMPLATE_TOKENS_PER_MESSAGE * len(messages))]
 
 
 def _message_text(message: Any) -> str:
@@ -84,15 +112,19 @@ def _message_text(message: Any) -> str:
     return f"{role}:"
 
 
-def _prompt_parts(prompt: Any, field: str) -> list[tuple[str, int]]:
-    """(text used for the prefix key, estimated tokens) for each prompt; token-id prompts count exactly."""
+def _listed_prompts(prompt: Any, field: str) -> tuple[list[str], list[PromptSize]]:
+    """Text used for the prefix key, and the size of each prompt; token-id prompts count exactly."""
     if isinstance(prompt, str):
-        return [(prompt, _text_tokens(prompt))]
+        return [prompt], [_text_size(prompt)]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return [(p, _text_tokens(p)) for p in prompt]
-        if all(isinstance(p, int) for p in prompt):
-            return [(",".join(map(str, prompt)), len(prompt))]
-        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
-            return [(",".join(map(str, p)), len(p)) for p in prompt]
+            return prompt, [_text_size(p) for p in prompt]
+        if all(_is_token_id(p) for p in prompt):
+            return [",".join(map(str, prompt))], [PromptSize(len(prompt), len(prompt))]
+        if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
+            return [",".join(map(str, p)) for p in prompt], [PromptSize(len(p), len(p)) for p in prompt]
     raise GatewayError(400, f"{field} must be a string, an array of strings or of token ids", param=field)
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

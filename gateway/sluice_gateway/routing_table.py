@@ -10,6 +10,7 @@ backend; `RoutingTable.route(name)` resolves both, so the operator does not need
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -97,6 +98,24 @@ class RoutingTable(_Wire):
         """The explicit route of that name, else the implicit one-backend route of a backend so named."""
         return self._resolved.get(public_name)
 
+    def reachable(self, public_name: str, allowed: Callable[[str], bool]) -> list[tuple[str, Route]]:
+        """The route of that name, then its fallbacks, theirs, ..., in the order they are tried.
+
+        Only routes `allowed` (the tenant's allow-list) are listed or followed: a tenant allowed one model is
+        never served by another because the first is down.
+        """
+        found: list[tuple[str, Route]] = []
+        pending, seen = [public_name], set()
+        while pending:
+            name = pending.pop(0)
+            route = self._resolved.get(name)
+            if name in seen or route is None or not allowed(name):
+                continue
+            seen.add(name)
+            found.append((name, route))
+            pending.extend(route.fallbacks)
+        return found
+
     def public_names(self) -> list[str]:
         """Every name a client may send: explicit routes and the implicit backend routes."""
         return sorted(self._resolved)
@@ -106,6 +125,14 @@ class RoutingTable(_Wire):
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)
+
+
+def max_model_len(routes: list[tuple[str, Route]]) -> int | None:
+    """The largest context among these routes' backends (any may serve); None if one does not say."""
+    lengths = [b.capabilities.max_model_len for _, route in routes for b in route.backends if b.weight > 0]
+    if not lengths or None in lengths:
+        return None
+    return max(lengths)
 
 
 class RoutingTableError(ValueError):

@@ -1,8 +1,10 @@
-"""Per-tenant limits on both backends: exact counts under concurrency, token reconcile, slots, Redis outages."""
+"""Per-tenant limits on both backends: exact counts under concurrency, reservations and settlement, slots,
+Redis outages."""
 import asyncio
 import uuid
 
 import pytest
+from pydantic import ValidationError
 
 from fixtures.redis import start_redis
 from sluice_gateway.config import Limits, RedisSettings
@@ -33,7 +35,7 @@ async def test_requests_per_minute_is_exact_under_concurrency(limiter):
     rejected = [d for d in decisions if not d.grant]
     assert len(admitted) == 7
     assert {d.rejected for d in rejected} == {"requests"}
-    assert all(0 < d.retry_after_s <= 60 for d in rejected)
+    assert all(0 < d.retry_after_s <= 61 for d in rejected)  # a bucket counts until its end is 60 s old
     assert sorted(d.usage.remaining_requests for d in admitted) == list(range(7))
     headers = dict(rejected[0].usage.headers())
     assert headers[b"x-ratelimit-limit-requests"] == b"7"
@@ -49,6 +51,34 @@ async def test_tokens_are_reserved_then_reconciled_with_real_usage(limiter):
     await limiter.finish(first.grant, actual_tokens=100)
     third = await limiter.acquire(name, limits, 600)
     assert third.grant and third.usage.remaining_tokens == 300
+
+
+async def test_tokens_are_charged_as_produced_and_the_rest_of_the_reservation_released(limiter):
+    name, limits = tenant(), Limits(tokens_per_minute=1000)
+    grant = (await limiter.acquire(name, limits, 600)).grant
+    await limiter.charge(grant, 200)  # a stream so far: moved from the reservation to the window
+    assert grant.charged == 200 and grant.outstanding == 400
+    assert (await limiter.acquire(name, limits, 401)).rejected == "tokens"
+    await limiter.finish(grant, actual_tokens=500)  # 300 more than charged, the other 100 released
+    assert (await limiter.acquire(name, limits, 500)).usage.remaining_tokens == 0
+    assert (await limiter.acquire(name, limits, 1)).rejected == "tokens"
+
+
+async def test_unknown_usage_charges_the_whole_reservation(limiter):
+    name, limits = tenant(), Limits(tokens_per_minute=1000)
+    grant = (await limiter.acquire(name, limits, 600)).grant
+    await limiter.finish(grant, actual_tokens=None)
+    assert (await limiter.acquire(name, limits, 401)).rejected == "tokens"
+    assert (await limiter.acquire(name, limits, 400)).grant
+
+
+async def test_a_reservation_is_lowered_to_what_is_left_only_when_asked(limiter):
+    name, limits = tenant(), Limits(tokens_per_minute=1000)
+    assert (await limiter.acquire(name, limits, 700)).grant
+    assert (await limiter.acquire(name, limits, 500)).rejected == "tokens"
+    lowered = await limiter.acquire(name, limits, 500, at_least=100)
+    assert lowered.grant.reserved_tokens == 300 and lowered.usage.remaining_tokens == 0
+    assert (await limiter.acquire(name, limits, 500, at_least=1)).rejected == "tokens"
 
 
 async def test_request_larger_than_the_token_limit_says_so(limiter):
@@ -113,3 +143,10 @@ async def test_redis_outage_follows_the_configured_failure_mode(on_failure):
             with pytest.raises(LimiterUnavailable):
                 await lim.acquire("t", limits, 1)
         await lim.close()
+
+
+def test_over_budget_takes_only_the_documented_choices():
+    assert Limits().over_budget == "refuse"
+    with pytest.raises(ValidationError) as err:
+        Limits(over_budget="borrow")
+    assert "'refuse' or 'lower_max_tokens'" in str(err.value)

@@ -118,9 +118,10 @@ def test_request_id_is_propagated_and_overhead_reported(gateway, tiny_runtimes):
     assert response.headers["x-request-id"] == "trace-me-42"
     assert 0 < float(response.headers["x-sluice-overhead-ms"]) < 1000
     assert response.headers["x-sluice-backend"] == "tiny-v1"
+    own_id = response.headers["x-sluice-request-id"]  # the request's own id, sent upstream in place of the client's
     deadline = time.monotonic() + 10  # the runtime writes its log line just after the response
-    while "trace-me-42" not in {line.get("request_id") for line in tiny_runtimes[0].request_log()}:
-        assert time.monotonic() < deadline, "the runtime never saw the client's request id"
+    while own_id not in {line.get("client_request_id") for line in tiny_runtimes[0].request_log()}:
+        assert time.monotonic() < deadline, "the runtime never saw the request's id"
         time.sleep(0.05)
     generated = httpx.get(f"{gateway.url}/v1/models", headers={"authorization": f"Bearer {ALICE}"})
     assert len(generated.headers["x-request-id"]) >= 16 and "x-sluice-overhead-ms" in generated.headers

@@ -41,7 +41,7 @@ def test_requests_per_minute_is_exact_across_two_gateways(redis_server, tiny_run
     statuses = collections.Counter(r.status_code for r in responses)
     assert statuses == {200: 25, 429: 55}, statuses
     refused = [r for r in responses if r.status_code == 429]
-    assert all(1 <= int(r.headers["retry-after"]) <= 60 for r in refused)
+    assert all(1 <= int(r.headers["retry-after"]) <= 61 for r in refused)  # a bucket counts until its end is 60 s old
     assert all(r.headers["x-ratelimit-limit-requests"] == "25" for r in refused)
     assert all(r.headers["x-ratelimit-remaining-requests"] == "0" for r in refused)
     assert {r.json()["error"]["code"] for r in refused} == {"rate_limit_exceeded"}

@@ -1,4 +1,4 @@
-"""What a limiter decides, and the interface both backends implement."""
+"""What a limiter decides, and the interface both backends implement (the rule is in limits/__init__.py)."""
 from __future__ import annotations
 
 import math
@@ -40,13 +40,15 @@ class Usage:
 
 @dataclass(slots=True)
 class Grant:
-    """An admitted request's reservation; hand it back to `Limiter.finish` exactly once."""
+    """An admitted request's hold on its tenant's limits; `Limiter.finish` hands it back exactly once."""
 
     tenant: str
-    lease: str | None
-    bucket: int
-    reserved_tokens: int
+    lease: str | None  # names the hold in the store; None: nothing to hand back
+    reserved_tokens: int  # what the request was granted (its max_tokens was lowered to fit if less than asked)
     usage: Usage
+    outstanding: int = 0  # the part of the reservation not yet charged
+    charged: int = 0  # tokens already charged to the window while the request ran
+    counts_tokens: bool = False  # the tenant has a token limit
 
 
 @dataclass(slots=True)
@@ -69,12 +71,21 @@ class LimiterUnavailable(Exception):
 
 class Limiter(ABC):
     @abstractmethod
-    async def acquire(self, tenant: str, limits: Limits, tokens: int) -> Decision:
-        """Check every limit and, only if all pass, count the request, reserve `tokens` and take a slot."""
+    async def acquire(self, tenant: str, limits: Limits, tokens: int, at_least: int | None = None) -> Decision:
+        """Check every limit and, only if all pass, count the request, reserve `tokens` and take a slot.
+
+        With `at_least`, a request whose `tokens` do not fit is granted what is left of the budget instead,
+        if that is at least `at_least`.
+        """
+
+    @abstractmethod
+    async def charge(self, grant: Grant, tokens: int) -> None:
+        """Count `tokens` the request has produced so far against the current second, out of its reservation."""
 
     @abstractmethod
     async def finish(self, grant: Grant, actual_tokens: int | None) -> None:
-        """Free the concurrency slot and replace the token reservation by the real count (None: keep it)."""
+        """Free the slot and the rest of the reservation, charging what the request used beyond what was
+        already charged (None: unknown, so the whole reservation is charged)."""
 
     async def close(self) -> None:
         return None
@@ -84,16 +95,25 @@ def unlimited(limits: Limits) -> bool:
     return limits.requests_per_minute is None and limits.tokens_per_minute is None and limits.max_concurrent is None
 
 
+def still_to_charge(grant: Grant, actual_tokens: int | None) -> int:
+    if actual_tokens is None:
+        return grant.outstanding
+    return max(actual_tokens - grant.charged, 0)
+
+
 def rejection(kind: str, limit: int, wait_s: float, usage: Usage, tokens: int) -> Decision:
     if kind == "requests":
         message = f"Rate limit reached: {limit} requests per minute. Retry after {math.ceil(wait_s)} s."
     elif kind == "tokens" and tokens > limit:
         message = (
-            f"Request too large: it needs about {tokens} tokens (prompt estimate plus max_tokens) but the limit"
-            f" is {limit} tokens per minute. Lower max_tokens or shorten the prompt."
+            f"Request too large: it may use up to {tokens} tokens (prompt and max_tokens for every choice) but the"
+            f" limit is {limit} tokens per minute. Lower max_tokens, n or the prompt."
         )
     elif kind == "tokens":
-        message = f"Rate limit reached: {limit} tokens per minute. Retry after {math.ceil(wait_s)} s."
+        message = (
+            f"Rate limit reached: {limit} tokens per minute, and this request may use up to {tokens} tokens,"
+            f" more than is left. Retry after {math.ceil(wait_s)} s or lower max_tokens."
+        )
     else:
         message = f"Too many concurrent requests: the limit is {limit} at a time."
     return Decision(grant=None, usage=usage, rejected=kind, retry_after_s=wait_s, message=message)

@@ -5,12 +5,14 @@ import time
 from collections import deque
 
 from ..config import Limits
-from .base import WINDOW_S, Decision, Grant, Limiter, Usage, rejection, unlimited
+from .base import WINDOW_S, Decision, Grant, Limiter, Usage, rejection, still_to_charge, unlimited
+
+# A bucket holds one second, [s, s + 1); it counts until its end is a whole window old.
+_SPAN_S = WINDOW_S + 1
 
 
 class _Window:
-    """Counts in one-second buckets over the last WINDOW_S seconds: at most WINDOW_S (second, count) pairs,
-    oldest first, with a running total so the common check is O(1)."""
+    """Counts in one-second buckets: at most _SPAN_S (second, count) pairs, oldest first, with a running total."""
 
     __slots__ = ("buckets", "total")
 
@@ -18,44 +20,37 @@ class _Window:
         self.buckets: deque[list[int]] = deque()
         self.total = 0
 
-    def live(self, now_s: int) -> deque[list[int]]:
+    def live(self, now: float) -> deque[list[int]]:
         buckets = self.buckets
-        while buckets and buckets[0][0] <= now_s - WINDOW_S:
+        while buckets and buckets[0][0] + _SPAN_S <= now:
             self.total -= buckets.popleft()[1]
         return buckets
 
-    def add(self, now_s: int, amount: int) -> None:
-        if self.buckets and self.buckets[-1][0] >= now_s:
+    def add(self, now: float, amount: int) -> None:
+        second = int(now)
+        if self.buckets and self.buckets[-1][0] >= second:
             self.buckets[-1][1] += amount
         else:
-            self.buckets.append([now_s, amount])
+            self.buckets.append([second, amount])
         self.total += amount
 
-    def adjust(self, bucket: int, delta: int, now_s: int) -> None:
-        for entry in self.live(now_s):
-            if entry[0] == bucket:
-                change = max(delta, -entry[1])
-                entry[1] += change
-                self.total += change
-                return
 
-
-def wait_until_fits(live: deque[list[int]], used: int, need: int, limit: int, now: float) -> float:
-    """Seconds until enough old buckets expire for `need` more to fit under `limit`."""
-    excess = used + need - limit
+def wait_until_fits(live: deque[list[int]], excess: int, now: float) -> float:
+    """Seconds until buckets holding `excess` have expired; a whole window if they never would."""
     for stamp, count in live:
         excess -= count
         if excess <= 0:
-            return max(stamp + WINDOW_S - now, 0.0)
+            return max(stamp + _SPAN_S - now, 0.0)
     return float(WINDOW_S)
 
 
 class _TenantState:
-    __slots__ = ("requests", "tokens", "in_flight")
+    __slots__ = ("requests", "tokens", "reserved", "in_flight")
 
     def __init__(self) -> None:
         self.requests = _Window()
         self.tokens = _Window()
+        self.reserved = 0  # reservations of requests in flight, not yet charged
         self.in_flight = 0
 
 
@@ -64,45 +59,68 @@ class MemoryLimiter(Limiter):
         # One entry per configured tenant that has limits: callers only pass authenticated tenants.
         self._tenants: dict[str, _TenantState] = {}
 
-    async def acquire(self, tenant: str, limits: Limits, tokens: int) -> Decision:
+    async def acquire(self, tenant: str, limits: Limits, tokens: int, at_least: int | None = None) -> Decision:
         if unlimited(limits):
-            return Decision(grant=Grant(tenant, None, 0, 0, Usage()), usage=Usage())
+            return Decision(grant=Grant(tenant, None, tokens, Usage()), usage=Usage())
         state = self._tenants.get(tenant)
         if state is None:
             state = self._tenants[tenant] = _TenantState()
         now = time.time()
-        now_s = int(now)
-        req_live = state.requests.live(now_s)
-        tok_live = state.tokens.live(now_s)
-        req_used, tok_used = state.requests.total, state.tokens.total
-        usage = Usage(
-            limits.requests_per_minute, (limits.requests_per_minute or 0) - req_used, _reset(req_live, now),
-            limits.tokens_per_minute, (limits.tokens_per_minute or 0) - tok_used, _reset(tok_live, now),
-        )
+        req_live, tok_live = state.requests.live(now), state.tokens.live(now)
         rpm, tpm, max_conc = limits.requests_per_minute, limits.tokens_per_minute, limits.max_concurrent
-        if rpm is not None and req_used + 1 > rpm:
-            return rejection("requests", rpm, wait_until_fits(req_live, req_used, 1, rpm, now), usage, tokens)
+        tok_used = state.tokens.total + state.reserved
+        usage = Usage(
+            rpm, (rpm or 0) - state.requests.total, _reset(req_live, now),
+            tpm, (tpm or 0) - tok_used, _reset(tok_live, now),
+        )
+        if rpm is not None and state.requests.total + 1 > rpm:
+            return rejection("requests", rpm, wait_until_fits(req_live, state.requests.total + 1 - rpm, now),
+                             usage, tokens)
+        granted = tokens
         if tpm is not None and tok_used + tokens > tpm:
-            wait = wait_until_fits(tok_live, tok_used, tokens, tpm, now) if tokens <= tpm else float(WINDOW_S)
-            return rejection("tokens", tpm, wait, usage, tokens)
+            left = tpm - tok_used
+            if at_least is None or left < at_least:
+                wait = wait_until_fits(tok_live, tok_used + tokens - tpm, now) if tokens <= tpm else WINDOW_S
+                return rejection("tokens", tpm, wait, usage, tokens)
+            granted = left
         if max_conc is not None and state.in_flight >= max_conc:
             return rejection("concurrency", max_conc, 1.0, usage, tokens)
-        state.requests.add(now_s, 1)
-        state.tokens.add(now_s, tokens)
+        state.requests.add(now, 1)
         state.in_flight += 1
+        counts_tokens = tpm is not None
+        if counts_tokens:
+            state.reserved += granted
         usage.remaining_requests -= 1
-        usage.remaining_tokens -= tokens
-        usage.reset_requests_s = usage.reset_tokens_s = float(WINDOW_S)
-        return Decision(grant=Grant(tenant, "local", now_s, tokens, usage), usage=usage)
+        usage.remaining_tokens -= granted
+        usage.reset_requests_s = usage.reset_tokens_s = float(_SPAN_S)
+        grant = Grant(tenant, "local", granted, usage, outstanding=granted if counts_tokens else 0,
+                      counts_tokens=counts_tokens)
+        return Decision(grant=grant, usage=usage)
+
+    async def charge(self, grant: Grant, tokens: int) -> None:
+        state = self._tenants.get(grant.tenant)
+        if state is None or grant.lease is None or not grant.counts_tokens or tokens <= 0:
+            return
+        taken = min(tokens, grant.outstanding)
+        grant.outstanding -= taken
+        state.reserved -= taken
+        state.tokens.add(time.time(), tokens)
+        grant.charged += tokens
 
     async def finish(self, grant: Grant, actual_tokens: int | None) -> None:
         state = self._tenants.get(grant.tenant)
         if state is None or grant.lease is None:
             return
+        grant.lease = None
         state.in_flight -= 1
-        if actual_tokens is not None:
-            state.tokens.adjust(grant.bucket, actual_tokens - grant.reserved_tokens, int(time.time()))
+        if grant.counts_tokens:
+            rest = still_to_charge(grant, actual_tokens)
+            state.reserved -= grant.outstanding
+            grant.outstanding = 0
+            if rest > 0:
+                state.tokens.add(time.time(), rest)
+                grant.charged += rest
 
 
 def _reset(live: deque[list[int]], now: float) -> float:
-    return max(live[-1][0] + WINDOW_S - now, 0.0) if live else 0.0
+    return max(live[-1][0] + _SPAN_S - now, 0.0) if live else 0.0

@@ -1,0 +1,100 @@
+"""What a request may cost, read as the runtime reads it: prompt bounds, the context check, the reservation."""
+import json
+
+import pytest
+
+from sluice_gateway.cost import check_context, reserve
+from sluice_gateway.errors import GatewayError
+from sluice_gateway.request import MAX_CHARS_PER_TOKEN, parse_request
+
+
+def parsed(kind: str = "chat", **body):
+    if kind == "chat":
+        body.setdefault("messages", [{"role": "user", "content": "x" * 400}])
+    body.setdefault("model", "m")
+    return parse_request(json.dumps(body).encode(), kind=kind, prefix_chars=64)
+
+
+def reservation(kind: str = "chat", context: int | None = 2048, **body) -> int:
+    return reserve(parsed(kind, **body), context, default_max_tokens=512).tokens
+
+
+def test_every_name_and_type_of_max_tokens_is_read_as_the_runtime_reads_it():
+    # Prompt bound: 400 + len("user:") bytes + 8 tokens of chat framing.
+    assert reservation(max_completion_tokens=None, max_tokens=1000) == 413 + 1000
+    assert reservation(max_completion_tokens=1000) == 413 + 1000
+    assert reservation(max_tokens=100, n=16) == 413 + 1600
+    for n in ("16", 16.0, True):
+        with pytest.raises(GatewayError) as err:
+            parsed(max_tokens=10, n=n)
+        assert err.value.status == 400 and err.value.param == "n"
+    with pytest.raises(GatewayError) as err:
+        parsed(max_tokens=10, max_completion_tokens=20)
+    assert err.value.param == "max_tokens"
+
+
+def test_without_max_tokens_the_reservation_runs_to_the_end_of_the_context():
+    # One choice can use the whole context; each further choice what the shortest possible prompt leaves.
+    assert reservation(context=2048) == 2048
+    assert reservation(context=2048, n=4) == 2 + 4 * (2048 - 2)
+    assert reservation(context=None) == 413 + 512  # no maxModelLen in the routing table: the configured default
+
+
+def test_every_prompt_of_a_completions_list_is_reserved():
+    prompts = ["hello"] * 64
+    assert reservation("completion", prompt=prompts, max_tokens=10) == 64 * (5 + 10)
+    assert reservation("completion", prompt=prompts) == 64 * (5 + 16)  # the endpoint's default max_tokens
+    assert reservation("completion", prompt=[[1, 2, 3]] * 4, max_tokens=10, n=2) == 4 * (3 + 20)
+    assert reservation("completion", prompt=[1, 2, 3], max_tokens=10) == 13
+    assert reservation("embedding", input=["abcd", "efgh"]) == 8
+
+
+def test_a_long_prompt_reserves_no_more_than_the_context_leaves_it():
+    # 4,000 bytes of text, but the runtime serves it with max_tokens 1000 only if it is at most 1048 tokens.
+    assert reservation(messages=[{"role": "user", "content": "y" * 4000}], max_tokens=1000) == 1048 + 1000
+
+
+def test_lowering_max_tokens_finds_the_largest_that_fits():
+    res = reserve(parsed(max_tokens=1000, n=2), 2048, default_max_tokens=512)
+    assert res.max_tokens_within(res.tokens) == 1000
+    assert res.max_tokens_within(413 + 2 * 300) == 300
+    assert res.max_tokens_within(413 + 2 * 300 + 1) == 300
+    assert res.tokens_with(300) == 413 + 600
+
+
+@pytest.mark.parametrize("body, kind, param", [
+    ({"max_tokens": 10_000_000}, "chat", "max_tokens"),
+    ({"max_completion_tokens": 2048}, "chat", "max_completion_tokens"),
+    ({"prompt": list(range(2048)), "max_tokens": 1}, "completion", "prompt"),
+    ({"prompt": [list(range(2000))], "max_tokens": 100}, "completion", "max_tokens"),
+    ({"messages": [{"role": "user", "content": "z" * (2048 * MAX_CHARS_PER_TOKEN)}]}, "chat", "messages"),
+    ({"input": list(range(2049))}, "embedding", "input"),
+])
+def test_requests_that_cannot_fit_any_backend_are_refused_with_the_field(body, kind, param):
+    with pytest.raises(GatewayError) as err:
+        check_context(parsed(kind, **body), 2048)
+    assert (err.value.status, err.value.code, err.value.param) == (400, "context_length_exceeded", param)
+
+
+def test_only_certain_overflows_are_refused():
+    # 8,000 characters may be 8,000 tokens or 32: the runtime, which can count, decides.
+    check_context(parsed(messages=[{"role": "user", "content": "z" * 8000}], max_tokens=2000), 2048)
+    check_context(parsed("completion", prompt=list(range(2047)), max_tokens=1), 2048)
+    check_context(parsed("embedding", input=list(range(2048))), 2048)
+    check_context(parsed(max_tokens=10_000_000), None)  # no maxModelLen known: nothing certain
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"[1]", None),
+    (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+    (b'{"model": "m", "messages": []}', "messages"),
+    (b'{"model": "m", "messages": ["hi"]}', "messages"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}', "max_tokens"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "ignore_eos": "yes"}', "ignore_eos"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": NaN}', None),
+    (b'{"model": "m", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),
+])
+def test_malformed_requests_are_400_naming_the_field(body, param):
+    with pytest.raises(GatewayError) as err:
+        parse_request(body, kind="chat", prefix_chars=64)
+    assert err.value.status == 400 and err.value.param == param
