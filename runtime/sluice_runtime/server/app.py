@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from sluice_runtime.engine.sampling_params import SamplingParams
 from sluice_runtime.metrics import RuntimeMetrics
@@ -28,11 +27,11 @@ from .normalize import RequestNormalizer
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                        EmbeddingData, EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList,
                        TokenizeRequest, TokenizeResponse, Usage)
+from .request_body import off_loop_if_large, read_json, request_cost, validated
 from .settings import ServerSettings
 from .structured_output import GrammarCompiler
 
 log = logging.getLogger("sluice.server")
-_LARGE_BODY_BYTES = 64 << 10
 
 
 class Runtime:
@@ -95,10 +94,14 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
         if settings.log_prompts:
             record.prompt = "\n".join(t for t in greq.prompt_texts if t is not None)
 
+    # Bodies are read by request_body rather than by FastAPI: the cost fields are read from the raw JSON.
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(request: Request) -> Response:
+        payload = await read_json(request)
+        body = validated(ChatCompletionRequest, payload)
         record = rt.record(request, body.model, body.stream)
-        greq = await _off_loop_if_large(request, rt.normalizer.chat, body, request.state.request_id)
+        cost = request_cost(payload, "chat")
+        greq = await off_loop_if_large(request, rt.normalizer.chat, body, cost, request.state.request_id)
         describe(record, greq)
         rt.metrics.in_flight.inc()
         try:
@@ -107,9 +110,12 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
             rt.metrics.in_flight.dec()
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(request: Request) -> Response:
+        payload = await read_json(request)
+        body = validated(CompletionRequest, payload)
         record = rt.record(request, body.model, body.stream)
-        greq = await _off_loop_if_large(request, rt.normalizer.completion, body, request.state.request_id)
+        cost = request_cost(payload, "completion")
+        greq = await off_loop_if_large(request, rt.normalizer.completion, body, cost, request.state.request_id)
         describe(record, greq)
         rt.metrics.in_flight.inc()
         try:
@@ -118,9 +124,10 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
             rt.metrics.in_flight.dec()
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse)
-    async def embeddings(body: EmbeddingRequest, request: Request):
+    async def embeddings(request: Request):
+        body = validated(EmbeddingRequest, await read_json(request))
         record = rt.record(request, body.model)
-        prompts = await _off_loop_if_large(request, rt.normalizer.embedding_inputs, body)
+        prompts = await off_loop_if_large(request, rt.normalizer.embedding_inputs, body)
 
         async def embed_all() -> list[list[float]]:
             return [await engine.embed(p) for p in prompts]
@@ -147,13 +154,15 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
         return _card(rt, model)
 
     @app.post("/tokenize", response_model=TokenizeResponse)
-    async def tokenize(body: TokenizeRequest, request: Request):
+    async def tokenize(request: Request):
+        body = validated(TokenizeRequest, await read_json(request))
         rt.record(request, body.model)
-        tokens = await _off_loop_if_large(request, rt.normalizer.tokenize, body)
+        tokens = await off_loop_if_large(request, rt.normalizer.tokenize, body)
         return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=rt.capabilities.max_model_len)
 
     @app.post("/detokenize", response_model=DetokenizeResponse)
-    async def detokenize(body: DetokenizeRequest, request: Request):
+    async def detokenize(request: Request):
+        body = validated(DetokenizeRequest, await read_json(request))
         rt.record(request, body.model)
         rt.normalizer.check_model(body.model)
         rt.normalizer.check_token_ids(body.tokens, "tokens")
@@ -190,14 +199,6 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
-
-
-async def _off_loop_if_large(request: Request, fn, *args):
-    """Templating and tokenizing a large body takes long enough to stall every open stream; do it on a
-    worker thread then. Small bodies, the common case, skip the thread hop."""
-    if int(request.headers.get("content-length") or 0) > _LARGE_BODY_BYTES:
-        return await run_in_threadpool(fn, *args)
-    return fn(*args)
 
 
 def _card(rt: Runtime, name: str) -> ModelCard:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -83,8 +84,8 @@ def _location(loc: tuple) -> str | None:
     return out or None
 
 
-def validation_error(exc: RequestValidationError) -> APIError:
-    errors = exc.errors()
+def validation_error(errors: Sequence[dict]) -> APIError:
+    """The first of pydantic's errors (a schema check failed) as a 400 naming the parameter."""
     if not errors:
         return invalid_request("Invalid request body.")
     first = errors[0]
@@ -120,7 +121,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _noted(request, validation_error(exc))
+        return _noted(request, validation_error(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

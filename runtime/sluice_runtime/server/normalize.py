@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from sluice_contracts.request_cost import RequestCost
 from sluice_runtime.engine.sampling_params import SamplingParams
 
 from .capabilities import ModelCapabilities
@@ -78,7 +79,7 @@ class RequestNormalizer:
         if name is not None and name not in self._served_names:
             raise model_not_found(name)
 
-    def chat(self, body: ChatCompletionRequest, request_id: str) -> GenerationRequest:
+    def chat(self, body: ChatCompletionRequest, cost: RequestCost, request_id: str) -> GenerationRequest:
         self.check_model(body.model)
         if not self._caps.chat:
             raise invalid_request(f"The model `{body.model}` has no chat template; use /v1/completions.",
@@ -86,34 +87,32 @@ class RequestNormalizer:
         tool_use = self._tool_use(body)
         text = self._render(body.messages, tool_use)
         prompt = self._encode(text, False, "messages")
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        self._check_context(len(prompt), max_tokens, "messages", param)
+        self._check_context(len(prompt), cost, "messages")
         if body.top_logprobs is not None and not body.logprobs:
             raise invalid_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar, response_format = self._grammar(body.response_format, tool_use)
-        params = self._sampling(body, max_tokens, logprobs, grammar)
+        params = self._sampling(body, cost, logprobs, grammar)
         self._check_stream_options(body)
         return GenerationRequest(
             request_id=request_id, endpoint="chat", model=body.model, prompts=[prompt], prompt_texts=[text],
             params=params, stream=body.stream, include_usage=self._include_usage(body), priority=body.priority,
             logprobs=logprobs, tool_use=tool_use, response_format=response_format)
 
-    def completion(self, body: CompletionRequest, request_id: str) -> GenerationRequest:
+    def completion(self, body: CompletionRequest, cost: RequestCost, request_id: str) -> GenerationRequest:
         self.check_model(body.model)
         if body.suffix:
             raise invalid_request("suffix (fill-in-the-middle) is not supported by this model.", param="suffix")
-        if body.best_of is not None and body.best_of != body.n:
+        if body.best_of is not None and body.best_of != cost.choices:
             raise invalid_request("best_of different from n is not supported.", param="best_of")
         if body.echo and body.logprobs is not None:
             raise invalid_request("echo together with logprobs is not supported (no prompt logprobs).",
                                   param="echo")
         prompts, texts = self._completion_prompts(body.prompt)
         for prompt in prompts:
-            self._check_context(len(prompt), body.max_tokens, "prompt", "max_tokens")
+            self._check_context(len(prompt), cost, "prompt")
         grammar, response_format = self._grammar(body.response_format, None)
-        params = self._sampling(body, body.max_tokens, body.logprobs, grammar)
+        params = self._sampling(body, cost, body.logprobs, grammar)
         self._check_stream_options(body)
         return GenerationRequest(
             request_id=request_id, endpoint="completion", model=body.model, prompts=prompts, prompt_texts=texts,
@@ -322,10 +321,11 @@ class RequestNormalizer:
             f"{prompt_len} tokens, leaving no room for output. Shorten the {param}.",
             param=param, code="context_length_exceeded")
 
-    def _check_context(self, prompt_len: int, max_tokens: int | None, prompt_param: str, max_param: str) -> None:
+    def _check_context(self, prompt_len: int, cost: RequestCost, prompt_param: str) -> None:
         limit = self._caps.max_model_len
         if prompt_len >= limit:
             raise self._too_long(prompt_len, prompt_param)
+        max_tokens, max_param = cost.max_tokens, cost.max_tokens_param
         if max_tokens is not None and prompt_len + max_tokens > limit:
             raise invalid_request(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -333,7 +333,7 @@ class RequestNormalizer:
                 f"completion). Reduce the {prompt_param} or {max_param}.",
                 param=max_param, code="context_length_exceeded")
 
-    def _sampling(self, body, max_tokens: int | None, logprobs: int | None, grammar: str | None) -> SamplingParams:
+    def _sampling(self, body, cost: RequestCost, logprobs: int | None, grammar: str | None) -> SamplingParams:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > MAX_STOP_SEQUENCES:
             raise invalid_request(f"At most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(stop)}.",
@@ -346,13 +346,13 @@ class RequestNormalizer:
             raise invalid_request("logit_bias is not supported.", param="logit_bias")
         try:
             return SamplingParams(
-                n=body.n, max_tokens=max_tokens, min_tokens=body.min_tokens,
+                n=cost.choices, max_tokens=cost.max_tokens, min_tokens=body.min_tokens,
                 temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
                 min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
                 seed=body.seed, stop=stop, stop_token_ids=list(body.stop_token_ids or []),
-                ignore_eos=body.ignore_eos, logprobs=logprobs,
+                ignore_eos=cost.ignore_eos, logprobs=logprobs,
                 include_stop_str_in_output=body.include_stop_str_in_output,
                 skip_special_tokens=body.skip_special_tokens,
                 constraint=self._grammars.constraint(grammar) if grammar else None)

@@ -3,6 +3,9 @@
 Ranges that need no context are checked here; everything that depends on the model or the
 prompt (context length, capabilities, role order) is checked when the request is normalized.
 Unknown fields are ignored, as OpenAI-compatible servers commonly do, so newer clients keep working.
+Types are strict, as in OpenAI's API: "yes" or 1 is not a boolean, "16" or 16.0 not an integer.
+The fields that decide a request's cost (max_tokens, max_completion_tokens, n, ignore_eos) are not
+here: sluice_contracts.request_cost reads them, as the gateway does (request_body.py).
 """
 from __future__ import annotations
 
@@ -11,14 +14,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_N = 16
+from sluice_contracts.request_cost import MAX_CHOICES
+
 MAX_SEED = 2**63 - 1
 
 Probability = Annotated[float, Field(gt=0.0, le=1.0)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
 
 
 class ContentPart(_Body):
@@ -87,7 +91,6 @@ class StreamOptions(_Body):
 
 class _SamplingFields(_Body):
     model: str
-    n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: Probability | None = None
     top_k: int | None = Field(None, ge=-1)
@@ -105,7 +108,6 @@ class _SamplingFields(_Body):
     user: str | None = None
     # Lower is served first (vLLM's convention); bounded so it cannot starve everyone else forever.
     priority: int = Field(0, ge=-1000, le=1000)
-    ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -113,8 +115,6 @@ class _SamplingFields(_Body):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage]
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Tool] | None = None
@@ -124,11 +124,10 @@ class ChatCompletionRequest(_SamplingFields):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
 
 
 class EmbeddingRequest(_Body):
