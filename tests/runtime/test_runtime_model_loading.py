@@ -58,10 +58,11 @@ def test_corrupt_weights_are_reported_not_a_traceback(smollm2_dir, tmp_path):
 def test_auto_dtype_is_bfloat16_exactly_where_the_cpu_computes_it_natively():
     import torch
 
+    from sluice_runtime.cpu_isa import cpu_paths
     from sluice_runtime.engine.llm import LLM
     from sluice_runtime.executor.model_runner import resolve_dtype
 
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    native = (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()) and not cpu_paths().forced
     expected = torch.bfloat16 if native else torch.float32
     assert resolve_dtype("auto", torch.device("cpu")) == expected
     llm = LLM("smollm2", dtype="auto", num_kv_blocks=16)

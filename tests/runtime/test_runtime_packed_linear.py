@@ -1,28 +1,50 @@
-"""Pre-packed bfloat16 linears must compute exactly what the plain layers compute."""
+"""Half-precision CPU linears, packed for oneDNN or computed in float32, must compute what the plain layers compute."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from sluice_runtime.executor.packed_linear import packing_available, prepack_linears
+from sluice_runtime.cpu_isa import cpu_paths
+from sluice_runtime.executor.packed_linear import PACKED, WIDENED, packing_available, prepare_linears
 
-pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
+
+def _modes():
+    """Each way a layer can compute, skipped where this CPU (or SLUICE_CPU_ISA) rules it out."""
+    packed_here = packing_available() and cpu_paths().onednn_bf16
+    return [pytest.param(True, PACKED, id="packed", marks=pytest.mark.skipif(
+                not packed_here, reason="oneDNN computes bfloat16 natively only with AVX-512 or AVX-NE-CONVERT")),
+            pytest.param(False, WIDENED, id="float32")]
 
 
+@pytest.mark.parametrize("native,mode", _modes())
 @pytest.mark.parametrize("rows", [1, 2, 7, 32, 300])
-def test_packed_linear_matches_plain(rows):
+def test_packed_linear_matches_plain(rows, native, mode):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 96, bias=True), nn.Linear(96, 48, bias=False)).to(torch.bfloat16)
     x = torch.randn(rows, 64, dtype=torch.bfloat16)
     with torch.inference_mode():
         expected = model(x)
-        assert prepack_linears(model) == 2
+        assert prepare_linears(model, {torch.bfloat16: native}) == (mode, 2)
         actual = model(x)
+    assert actual.dtype == torch.bfloat16
     torch.testing.assert_close(actual, expected, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 3, 64])
+def test_float16_without_native_support_computes_in_float32_and_answers_in_float16(rows):
+    torch.manual_seed(1)
+    layer = nn.Linear(32, 16).to(torch.float16)
+    x = torch.randn(2, rows, 32, dtype=torch.float16)  # leading dims other than rows too
+    with torch.inference_mode():
+        expected = (x.float() @ layer.weight.float().T + layer.bias.float()).half()
+        assert prepare_linears(layer, {torch.float16: False}) == (WIDENED, 1)
+        actual = layer(x)
+    assert actual.dtype == torch.float16 and actual.shape == (2, rows, 16)
+    torch.testing.assert_close(actual, expected, atol=2e-3, rtol=2e-3)
 
 
 def test_float32_layers_are_left_alone():
     model = nn.Linear(8, 8)
-    assert prepack_linears(model) == 0
-    assert not hasattr(model, "packed_weight")
+    assert prepare_linears(model, {torch.bfloat16: False, torch.float16: False}) == (None, 0)
+    assert "forward" not in vars(model) and not hasattr(model, "packed_weight")

@@ -16,15 +16,17 @@ from pathlib import Path
 
 import torch
 
+from ..cpu_isa import CpuIsaError, CpuPaths, cpu_paths
 from ..engine.config import EngineConfig
 from ..layers.linear import TensorParallel
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
 from ..models.loading import ModelLoadError
 from ..models.weights import load_weights
-from .packed_linear import prepack_linears
+from ..layers import fused_cpu
+from .packed_linear import prepare_linears
 from . import distributed
-from .attention import AttentionMetadata, SequenceSpan, TorchAttentionBackend, select_backend
+from .attention import AttentionMetadata, SequenceSpan, TorchAttentionBackend, native_cpu, select_backend
 from .cuda_graphs import DecodeGraphs, cuda_graph_capture, graph_batch_sizes
 from .device_sampler import DeviceSampler
 from .memory import plan_kv_cache_blocks, profile_cuda_memory
@@ -38,14 +40,20 @@ DEFAULT_CPU_KV_CACHE = 1 << 30
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """'auto': bfloat16 where the hardware computes it natively (CUDA with bf16 support; CPUs with
-    AVX512-BF16 or AMX: 2.4x float32's throughput in the serve bench here), float32 elsewhere."""
+    AVX512-BF16 or AMX: 2.4x float32's throughput in the serve bench there), float32 elsewhere."""
     if name != "auto":
         return getattr(torch, name)  # EngineConfig admits only torch's own dtype names besides auto
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    native = (getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-              or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-    return torch.bfloat16 if native else torch.float32
+    return torch.bfloat16 if host_cpu_paths().fast_bf16 else torch.float32
+
+
+def host_cpu_paths() -> CpuPaths:
+    """The CPU paths (cpu_isa), a bad SLUICE_CPU_ISA refused as a start-up error."""
+    try:
+        return cpu_paths()
+    except CpuIsaError as exc:
+        raise ModelLoadError(str(exc)) from None
 
 
 @dataclass
@@ -82,6 +90,8 @@ class ModelRunner:
         self.tp = TensorParallel(rank, config.tensor_parallel_size)
         _check_shardable(self.cfg, self.tp.size)
         self.device = _device(config.device, rank, self.tp.size)
+        # Read once, before anything is loaded: a SLUICE_CPU_ISA this CPU cannot run is refused here.
+        self.cpu_paths = host_cpu_paths() if self.device.type == "cpu" else None
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.workers: distributed.WorkerGroup | None = None
         self.num_threads = torch.get_num_threads()
@@ -120,8 +130,10 @@ class ModelRunner:
             error = str(exc)
         self._agree(error)
         self.model = model.eval()
-        if self.device.type == "cpu":
-            prepack_linears(self.model)
+        linears = None
+        if self.cpu_paths is not None:
+            linears, _ = prepare_linears(self.model, {torch.bfloat16: self.cpu_paths.onednn_bf16,
+                                                      torch.float16: self.cpu_paths.onednn_fp16})
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         self.backend = select_backend(self.device, config.attention_backend, self.dtype, self.cfg.head_dim)
         # Embeddings run without a KV cache, which only the reference backend handles.
@@ -148,8 +160,22 @@ class ModelRunner:
                      self.backend.name, f", CUDA graphs for batches up to {self.graphs.sizes[-1]}" if self.graphs else "",
                      self.num_blocks, self.block_size, self.num_blocks * self.bytes_per_block / 2**20,
                      " per rank" if self.tp.size > 1 else "")
+            if self.cpu_paths is not None:
+                self._log_cpu_paths(self.cpu_paths, linears)
 
     # -- start-up -----------------------------------------------------------------------------------
+
+    def _log_cpu_paths(self, paths: CpuPaths, linears: str | None) -> None:
+        decode = (native_cpu.kernel_name() if native_cpu.supports(self.dtype, self.device, self.cfg.head_dim)
+                  else "torch (gathered blocks)")
+        parts = [f"CPU {paths.describe()}", f"decode attention {decode}",
+                 f"norm and rotary {'native' if fused_cpu.applies(self.dtype, self.device) else 'torch'}"]
+        if linears:
+            parts.append(f"{str(self.dtype)[6:]} linears {linears}")
+        log.info("; ".join(parts))
+        if self.dtype == torch.bfloat16 and not paths.fast_bf16:
+            log.warning("--dtype bfloat16 on a CPU without AVX512-BF16 or AMX: matmuls compute in float32, a little "
+                        "slower than --dtype float32 and only saving memory; --dtype auto picks float32 here")
 
     def _agree(self, error: str | None, value: int = 0) -> list[int]:
         """Exchange a start-up result with the other ranks: all raise if any failed, else every value."""

@@ -21,7 +21,15 @@ def load_library() -> ctypes.CDLL | None:
     if library is not None:
         for name in _ENTRY_POINTS.values():
             getattr(library, name).restype = ctypes.c_int
+        library.sluice_paged_decode_kernel.restype = ctypes.c_char_p
     return library
+
+
+def kernel_name() -> str:
+    """The decode kernel this CPU level's build runs (three-pass AVX-512 or AVX2, or generic), or
+    'torch' where the library could not be built."""
+    library = load_library()
+    return library.sluice_paged_decode_kernel().decode() if library is not None else "torch"
 
 
 def supports(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:

@@ -11,15 +11,21 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
-#ifdef __AVX512F__
+// The three-pass kernel is built for the widest vector instruction set the flags allow: AVX-512
+// (vdpbf16ps for bfloat16 where AVX512-BF16 is there too), else AVX2 with FMA; without either only
+// the generic kernel, which the compiler vectorizes by itself.
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#define SLUICE_SIMD 1
 #define SLUICE_AVX512 1
 #ifdef __AVX512BF16__
 #define SLUICE_AVX512_BF16 1
 #endif
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SLUICE_SIMD 1
 #endif
 
 namespace {
@@ -56,7 +62,7 @@ inline void store(uint16_t* p, int i, float value) {
 
 // exp(x) for x <= 0 in a form the compiler vectorizes (libm's expf is a scalar call): split off
 // the power of two, then a degree-6 polynomial on the remainder (Cephes coefficients, ~1e-7 rel.).
-// The scalar form serves the generic kernel, exp_nonpositive16 the AVX-512 one; both read these.
+// The scalar form serves the generic kernel, exp_nonpositive_simd the three-pass one; both read these.
 constexpr float EXP_FLOOR = -87.f;  // exp of anything lower is below float32's normal range
 constexpr float LOG2E = 1.44269504088896341f;
 constexpr float LN2_HIGH = 0.693359375f, LN2_LOW = 2.12194440e-4f;  // ln 2 split for an exact n * LN2_HIGH
@@ -154,55 +160,137 @@ void paged_decode(const T* q, const T* k_cache, const T* v_cache, const int32_t*
     }
 }
 
+#ifdef SLUICE_SIMD
+// The vector operations the three-pass kernel is written in, for the one instruction set this
+// library is built for (native_build passes the CPU level's flags). Lanes are float32.
 #ifdef SLUICE_AVX512
-// Lane t of the result is the sum of the 16 lanes of rows[t]: a transposing tree, about three
-// instructions per row instead of a horizontal sum's eight.
-inline __m512 row_sums16(const __m512* rows) {
-    __m512 pairs[8], quads[4], octs[2];
-    for (int i = 0; i < 8; ++i)
-        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]),
-                                 _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]));
-    for (int i = 0; i < 4; ++i) {
-        const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
-        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                                 _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+struct Simd {
+    static constexpr int LANES = 16;
+    static constexpr int REGISTERS = 32;
+    using Vec = __m512;
+    using Mask = __mmask16;
+    static Vec zero() { return _mm512_setzero_ps(); }
+    static Vec set1(float x) { return _mm512_set1_ps(x); }
+    static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+    static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+    static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+    static Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+    static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+    static Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+    static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+    static float reduce_add(Vec v) { return _mm512_reduce_add_ps(v); }
+    static float reduce_max(Vec v) { return _mm512_reduce_max_ps(v); }
+    // The first n lanes (all of them from LANES on).
+    static Mask first(int n) { return n >= 16 ? 0xffff : static_cast<Mask>((1u << n) - 1u); }
+    static Vec load_first(const float* p, Mask m, Vec other) { return _mm512_mask_loadu_ps(other, m, p); }
+    static void store_first(float* p, Mask m, Vec v) { _mm512_mask_storeu_ps(p, m, v); }
+    static Vec keep_first(Mask m, Vec v) { return _mm512_maskz_mov_ps(m, v); }
+    static Vec widen_bf16(const uint16_t* p) {
+        const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
     }
-    for (int i = 0; i < 2; ++i)
-        octs[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
-                                _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], 0x88), _mm512_shuffle_f32x4(octs[0], octs[1], 0xdd));
+    // Lane t of the result is the sum of the lanes of rows[t]: a transposing tree, about three
+    // instructions per row instead of a horizontal sum's eight.
+    static Vec row_sums(const Vec* rows) {
+        __m512 pairs[8], quads[4], octs[2];
+        for (int i = 0; i < 8; ++i)
+            pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]),
+                                     _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]));
+        for (int i = 0; i < 4; ++i) {
+            const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+            quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                     _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+        }
+        for (int i = 0; i < 2; ++i)
+            octs[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                                    _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xdd));
+        return _mm512_add_ps(_mm512_shuffle_f32x4(octs[0], octs[1], 0x88),
+                             _mm512_shuffle_f32x4(octs[0], octs[1], 0xdd));
+    }
+    static Vec round(Vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    // p * 2^n for integral n in float32's normal exponent range.
+    static Vec scale_pow2(Vec p, Vec n) { return _mm512_scalef_ps(p, n); }
+};
+#else
+struct Simd {
+    static constexpr int LANES = 8;
+    static constexpr int REGISTERS = 16;
+    using Vec = __m256;
+    using Mask = __m256i;
+    static Vec zero() { return _mm256_setzero_ps(); }
+    static Vec set1(float x) { return _mm256_set1_ps(x); }
+    static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+    static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+    static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+    static Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+    static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+    static Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+    static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+    static float reduce_add(Vec v) {
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+    }
+    static float reduce_max(Vec v) {
+        __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+        return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+    }
+    static Mask first(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+    static Vec load_first(const float* p, Mask m, Vec other) {
+        return _mm256_blendv_ps(other, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
+    }
+    static void store_first(float* p, Mask m, Vec v) { _mm256_maskstore_ps(p, m, v); }
+    static Vec keep_first(Mask m, Vec v) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
+    static Vec widen_bf16(const uint16_t* p) {
+        const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    }
+    // Lane t of the result is the sum of the lanes of rows[t]: pairwise horizontal adds, then the
+    // two 128-bit halves added.
+    static Vec row_sums(const Vec* rows) {
+        const __m256 a = _mm256_hadd_ps(rows[0], rows[1]), b = _mm256_hadd_ps(rows[2], rows[3]);
+        const __m256 c = _mm256_hadd_ps(rows[4], rows[5]), d = _mm256_hadd_ps(rows[6], rows[7]);
+        const __m256 low = _mm256_hadd_ps(a, b), high = _mm256_hadd_ps(c, d);  // rows 0-3, rows 4-7
+        return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+    }
+    static Vec round(Vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static Vec scale_pow2(Vec p, Vec n) {
+        const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+    }
+};
+#endif
+
+using Vec = Simd::Vec;
+
+// exp_nonpositive, LANES at a time.
+inline Vec exp_nonpositive_simd(Vec x) {
+    x = Simd::max(x, Simd::set1(EXP_FLOOR));
+    const Vec n = Simd::round(Simd::mul(x, Simd::set1(LOG2E)));
+    const Vec r = Simd::fmadd(n, Simd::set1(LN2_LOW), Simd::fmadd(n, Simd::set1(-LN2_HIGH), x));
+    Vec p = Simd::set1(EXP_POLY[0]);
+    for (int i = 1; i < 6; ++i) p = Simd::fmadd(p, r, Simd::set1(EXP_POLY[i]));
+    p = Simd::add(Simd::fmadd(Simd::mul(p, r), r, r), Simd::set1(1.f));
+    return Simd::scale_pow2(p, n);
 }
 
-// exp_nonpositive for 16 lanes; scalef applies the power of two.
-inline __m512 exp_nonpositive16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_FLOOR));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(LN2_LOW), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HIGH), x));
-    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
-    for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_POLY[i]));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
-}
-
-inline __mmask16 first_lanes(int n) { return n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1u); }
-
-// How the three-pass kernel reads one element type: the query held in registers, the 16 partial
+// How the three-pass kernel reads one element type: the query held in registers, the LANES partial
 // products of a key row with it, a value row as float32.
 template <typename T, int HEAD_DIM>
 struct Rows;
 
 template <int HEAD_DIM>
 struct Rows<float, HEAD_DIM> {
-    static constexpr int REGS = HEAD_DIM / 16;
-    using Reg = __m512;
-    static Reg query(const float* row, int r) { return _mm512_loadu_ps(row + 16 * r); }
-    static __m512 products(const Reg* query, const float* key) {
-        __m512 dot = _mm512_mul_ps(query[0], _mm512_loadu_ps(key));
-        for (int r = 1; r < REGS; ++r) dot = _mm512_fmadd_ps(query[r], _mm512_loadu_ps(key + 16 * r), dot);
+    static constexpr int REGS = HEAD_DIM / Simd::LANES;
+    using Reg = Vec;
+    static Reg query(const float* row, int r) { return Simd::load(row + Simd::LANES * r); }
+    static Vec products(const Reg* query, const float* key) {
+        Vec dot = Simd::mul(query[0], Simd::load(key));
+        for (int r = 1; r < REGS; ++r) dot = Simd::fmadd(query[r], Simd::load(key + Simd::LANES * r), dot);
         return dot;
     }
-    static __m512 value(const float* row, int v) { return _mm512_loadu_ps(row + 16 * v); }
+    static Vec value(const float* row, int v) { return Simd::load(row + Simd::LANES * v); }
 };
 
 #ifdef SLUICE_AVX512_BF16
@@ -212,34 +300,58 @@ struct Rows<uint16_t, HEAD_DIM> {
     static constexpr int REGS = HEAD_DIM / 32;
     using Reg = __m512i;
     static Reg query(const uint16_t* row, int r) { return _mm512_loadu_si512(row + 32 * r); }
-    static __m512 products(const Reg* query, const uint16_t* key) {
+    static Vec products(const Reg* query, const uint16_t* key) {
         __m512 dot = _mm512_setzero_ps();
         for (int r = 0; r < REGS; ++r)
             dot = _mm512_dpbf16_ps(dot, (__m512bh)query[r], (__m512bh)_mm512_loadu_si512(key + 32 * r));
         return dot;
     }
-    static __m512 value(const uint16_t* row, int v) {
+    static Vec value(const uint16_t* row, int v) {
         return _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * v)));
     }
 };
+#else
+// bfloat16 widened to float32 (a shift) as it is read; the query once, up front.
+template <int HEAD_DIM>
+struct Rows<uint16_t, HEAD_DIM> {
+    static constexpr int REGS = HEAD_DIM / Simd::LANES;
+    using Reg = Vec;
+    static Reg query(const uint16_t* row, int r) { return Simd::widen_bf16(row + Simd::LANES * r); }
+    static Vec products(const Reg* query, const uint16_t* key) {
+        Vec dot = Simd::mul(query[0], Simd::widen_bf16(key));
+        for (int r = 1; r < REGS; ++r) dot = Simd::fmadd(query[r], Simd::widen_bf16(key + Simd::LANES * r), dot);
+        return dot;
+    }
+    static Vec value(const uint16_t* row, int v) { return Simd::widen_bf16(row + Simd::LANES * v); }
+};
 #endif
 
-// The kernel for CPUs with AVX-512. The generic kernel spends most of its time on bookkeeping per
-// block (online-softmax rescaling, horizontal sums, scalar exp), not on the dot products; this one
-// makes three passes per (sequence, kv head) instead: all scores (16 keys' dot products summed at
-// once), one softmax over them, then the weighted values with every query head's accumulator in
-// registers (GROUP is a compile-time constant for that). Float32 sums as before; only their order
-// differs.
+// Head-dim vectors whose accumulators pass 3 keeps in registers for all GROUP query heads at once
+// (a power of two dividing VECS, using at most three quarters of the registers); wider heads take
+// several sweeps over the values.
+constexpr int value_tile(int group, int vecs) {
+    int tile = vecs;
+    while (tile > 1 && group * tile > Simd::REGISTERS * 3 / 4) tile /= 2;
+    return tile;
+}
+
+// The generic kernel spends most of its time on bookkeeping per block (online-softmax rescaling,
+// horizontal sums, scalar exp), not on the dot products; this one makes three passes per
+// (sequence, kv head) instead: all scores (LANES keys' dot products summed at once), one softmax
+// over them, then the weighted values with the query heads' accumulators in registers (GROUP is a
+// compile-time constant for that). Float32 sums as before; only their order differs.
 template <typename T, int HEAD_DIM, int GROUP>
-void paged_decode_avx512(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
-                         const int32_t* context_lens, int batch, int max_blocks, int num_kv_heads, int block_size,
-                         int window, float scale, T* out) {
+void paged_decode_three_pass(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+                             const int32_t* context_lens, int batch, int max_blocks, int num_kv_heads,
+                             int block_size, int window, float scale, T* out) {
     using R = Rows<T, HEAD_DIM>;
-    constexpr int VECS = HEAD_DIM / 16;  // 16 float32 per register
+    constexpr int LANES = Simd::LANES;
+    constexpr int VECS = HEAD_DIM / LANES;
+    constexpr int TILE = value_tile(GROUP, VECS);
     const long slot_stride = static_cast<long>(num_kv_heads) * HEAD_DIM;
     int longest = 1;
     for (int b = 0; b < batch; ++b) longest = std::max(longest, context_lens[b]);
-    const long padded = (longest + 15) / 16 * 16;
+    const long padded = (longest + LANES - 1) / LANES * LANES;
 #pragma omp parallel
     {
         std::vector<float> score_rows(GROUP * padded);
@@ -262,17 +374,17 @@ void paged_decode_avx512(const T* q, const T* k_cache, const T* v_cache, const i
             for (int g = 0; g < GROUP; ++g)
                 for (int r = 0; r < R::REGS; ++r) query[g][r] = R::query(q_rows + g * HEAD_DIM, r);
 
-            // Pass 1: scores, in runs of at most 16 consecutive slots inside one block.
+            // Pass 1: scores, in runs of at most LANES consecutive slots inside one block.
             for (int pos = first; pos < length;) {
                 const int in_block = pos % block_size;
-                const int n = std::min({16, block_size - in_block, length - pos});
+                const int n = std::min({LANES, block_size - in_block, length - pos});
                 const T* keys = row_at(k_cache, pos);
                 for (int g = 0; g < GROUP; ++g) {
-                    __m512 partial[16];
-                    for (int t = 0; t < 16; ++t)
-                        partial[t] = t < n ? R::products(query[g], keys + t * slot_stride) : _mm512_setzero_ps();
-                    _mm512_mask_storeu_ps(&score_rows[g * padded + (pos - first)], first_lanes(n),
-                                          _mm512_mul_ps(row_sums16(partial), _mm512_set1_ps(scale)));
+                    Vec partial[LANES];
+                    for (int t = 0; t < LANES; ++t)
+                        partial[t] = t < n ? R::products(query[g], keys + t * slot_stride) : Simd::zero();
+                    Simd::store_first(&score_rows[g * padded + (pos - first)], Simd::first(n),
+                                      Simd::mul(Simd::row_sums(partial), Simd::set1(scale)));
                 }
                 pos += n;
             }
@@ -281,58 +393,64 @@ void paged_decode_avx512(const T* q, const T* k_cache, const T* v_cache, const i
             float sums[GROUP];
             for (int g = 0; g < GROUP; ++g) {
                 float* row = &score_rows[g * padded];
-                __m512 maxima = _mm512_set1_ps(-INFINITY);
-                for (int i = 0; i < count; i += 16)
-                    maxima = _mm512_max_ps(maxima, _mm512_mask_loadu_ps(maxima, first_lanes(count - i), row + i));
-                const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(maxima));
-                __m512 total = _mm512_setzero_ps();
-                for (int i = 0; i < count; i += 16) {
-                    const __mmask16 lanes = first_lanes(count - i);
-                    const __m512 weights = _mm512_maskz_mov_ps(
-                        lanes, exp_nonpositive16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + i), top)));
-                    _mm512_mask_storeu_ps(row + i, lanes, weights);
-                    total = _mm512_add_ps(total, weights);
+                const Vec lowest = Simd::set1(-INFINITY);
+                Vec maxima = lowest;
+                for (int i = 0; i < count; i += LANES)
+                    maxima = Simd::max(maxima, Simd::load_first(row + i, Simd::first(count - i), lowest));
+                const Vec top = Simd::set1(Simd::reduce_max(maxima));
+                Vec total = Simd::zero();
+                for (int i = 0; i < count; i += LANES) {
+                    const auto lanes = Simd::first(count - i);
+                    const Vec weights = Simd::keep_first(
+                        lanes, exp_nonpositive_simd(Simd::sub(Simd::load_first(row + i, lanes, top), top)));
+                    Simd::store_first(row + i, lanes, weights);
+                    total = Simd::add(total, weights);
                 }
-                sums[g] = _mm512_reduce_add_ps(total);
+                sums[g] = Simd::reduce_add(total);
             }
 
-            // Pass 3: weighted values; each value row is widened once for all query heads.
-            __m512 acc[GROUP][VECS];
-            for (int g = 0; g < GROUP; ++g)
-                for (int v = 0; v < VECS; ++v) acc[g][v] = _mm512_setzero_ps();
-            for (int pos = first; pos < length;) {
-                const int in_block = pos % block_size;
-                const int n = std::min(block_size - in_block, length - pos);
-                const T* values = row_at(v_cache, pos);
-                for (int t = 0; t < n; ++t) {
-                    __m512 row[VECS];
-                    for (int v = 0; v < VECS; ++v) row[v] = R::value(values + t * slot_stride, v);
-                    for (int g = 0; g < GROUP; ++g) {
-                        const __m512 weight = _mm512_set1_ps(score_rows[g * padded + (pos - first) + t]);
-                        for (int v = 0; v < VECS; ++v) acc[g][v] = _mm512_fmadd_ps(weight, row[v], acc[g][v]);
+            // Pass 3: weighted values, TILE vectors of the head at a time; each value row is read
+            // once per sweep for all query heads.
+            alignas(64) float result[GROUP][HEAD_DIM];
+            for (int v0 = 0; v0 < VECS; v0 += TILE) {
+                Vec acc[GROUP][TILE];
+                for (int g = 0; g < GROUP; ++g)
+                    for (int v = 0; v < TILE; ++v) acc[g][v] = Simd::zero();
+                for (int pos = first; pos < length;) {
+                    const int in_block = pos % block_size;
+                    const int n = std::min(block_size - in_block, length - pos);
+                    const T* values = row_at(v_cache, pos);
+                    for (int t = 0; t < n; ++t) {
+                        Vec row[TILE];
+                        for (int v = 0; v < TILE; ++v) row[v] = R::value(values + t * slot_stride, v0 + v);
+                        for (int g = 0; g < GROUP; ++g) {
+                            const Vec weight = Simd::set1(score_rows[g * padded + (pos - first) + t]);
+                            for (int v = 0; v < TILE; ++v) acc[g][v] = Simd::fmadd(weight, row[v], acc[g][v]);
+                        }
                     }
+                    pos += n;
                 }
-                pos += n;
+                for (int g = 0; g < GROUP; ++g) {
+                    const Vec norm = Simd::set1(sums[g] > 0.f ? 1.f / sums[g] : 0.f);
+                    for (int v = 0; v < TILE; ++v) Simd::store(&result[g][(v0 + v) * LANES], Simd::mul(acc[g][v], norm));
+                }
             }
             for (int g = 0; g < GROUP; ++g) {
                 T* dst = out + (static_cast<long>(seq) * num_kv_heads + kv_head) * GROUP * HEAD_DIM + g * HEAD_DIM;
-                const float norm = sums[g] > 0.f ? 1.f / sums[g] : 0.f;
-                alignas(64) float result[HEAD_DIM];
-                for (int v = 0; v < VECS; ++v) _mm512_store_ps(result + 16 * v, _mm512_mul_ps(acc[g][v], _mm512_set1_ps(norm)));
-                for (int d = 0; d < HEAD_DIM; ++d) store(dst, d, result[d]);
+                for (int d = 0; d < HEAD_DIM; ++d) store(dst, d, result[g][d]);
             }
         }
     }
 }
 
 template <typename T, int HEAD_DIM>
-bool dispatch_avx512(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
-                     const int32_t* context_lens, int batch, int max_blocks, int group, int num_kv_heads,
-                     int block_size, int window, float scale, T* out) {
-#define SLUICE_GROUP_CASE(G)                                                                                   \
-    case G:                                                                                                    \
-        paged_decode_avx512<T, HEAD_DIM, G>(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, \
-                                            num_kv_heads, block_size, window, scale, out);                     \
+bool dispatch_three_pass(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+                         const int32_t* context_lens, int batch, int max_blocks, int group, int num_kv_heads,
+                         int block_size, int window, float scale, T* out) {
+#define SLUICE_GROUP_CASE(G)                                                                                      \
+    case G:                                                                                                       \
+        paged_decode_three_pass<T, HEAD_DIM, G>(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, \
+                                                num_kv_heads, block_size, window, scale, out);                    \
         return true;
     switch (group) {
         SLUICE_GROUP_CASE(1)
@@ -368,34 +486,20 @@ int dispatch(const T* q, const T* k_cache, const T* v_cache, const int32_t* bloc
     }
 }
 
-// Whether this build has the three-pass kernel for T (bfloat16 rows need vdpbf16ps).
-template <typename T>
-constexpr bool has_three_pass() {
-#if defined(SLUICE_AVX512_BF16)
-    return true;
-#elif defined(SLUICE_AVX512)
-    return std::is_same_v<T, float>;
-#else
-    return false;
-#endif
-}
-
 // The three-pass kernel where it is compiled in and fits (head size 64 or 128, at most 8 query heads
 // per kv head), else the generic one.
 template <typename T>
 int decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables, const int32_t* context_lens,
            int batch, int max_blocks, int num_heads, int num_kv_heads, int head_dim, int block_size, int window,
            float scale, T* out) {
-#ifdef SLUICE_AVX512
-    if constexpr (has_three_pass<T>()) {
-        const int group = num_heads / num_kv_heads;
-        if (head_dim == 64 && dispatch_avx512<T, 64>(q, k_cache, v_cache, block_tables, context_lens, batch,
+#ifdef SLUICE_SIMD
+    const int group = num_heads / num_kv_heads;
+    if (head_dim == 64 && dispatch_three_pass<T, 64>(q, k_cache, v_cache, block_tables, context_lens, batch,
                                                      max_blocks, group, num_kv_heads, block_size, window, scale, out))
-            return 0;
-        if (head_dim == 128 && dispatch_avx512<T, 128>(q, k_cache, v_cache, block_tables, context_lens, batch,
+        return 0;
+    if (head_dim == 128 && dispatch_three_pass<T, 128>(q, k_cache, v_cache, block_tables, context_lens, batch,
                                                        max_blocks, group, num_kv_heads, block_size, window, scale, out))
-            return 0;
-    }
+        return 0;
 #endif
     return dispatch(q, k_cache, v_cache, block_tables, context_lens, batch, max_blocks, num_heads, num_kv_heads,
                     head_dim, block_size, window, scale, out);
@@ -405,6 +509,19 @@ int decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_
 
 // Entry points return -1 for a head size without a compiled variant (the caller falls back).
 extern "C" {
+
+// Which kernel decodes (head sizes 64 and 128, at most 8 query heads per kv head), for the start-up log.
+const char* sluice_paged_decode_kernel() {
+#if defined(SLUICE_AVX512_BF16)
+    return "three-pass AVX-512 (bfloat16 dot products by AVX512-BF16)";
+#elif defined(SLUICE_AVX512)
+    return "three-pass AVX-512";
+#elif defined(SLUICE_SIMD)
+    return "three-pass AVX2";
+#else
+    return "generic";
+#endif
+}
 
 int sluice_paged_decode_f32(const float* q, const float* k_cache, const float* v_cache,
                             const int32_t* block_tables, const int32_t* context_lens, int batch, int max_blocks,
