@@ -183,6 +183,13 @@ def test_padded_graph_decode_matches_eager(tiny_model_dir):
         padded = runner._forward(step)
     assert padded.shape == eager.shape
     torch.testing.assert_close(padded, eager, atol=1e-5, rtol=1e-5)
-    # The padding row wrote nowhere: the caches hold exactly what the eager step wrote.
+    # The padding row wrote nowhere: every slot but the real rows' holds exactly what it held. The
+    # real rows rewrote theirs with what the eager step wrote, up to float32 rounding: a 4-row matmul
+    # may sum in another order than a 3-row one (it does with AVX2 BLAS kernels).
+    written = torch.tensor([t[n // 4] * 4 + n % 4 for t, n in zip(tables, (len(p) for p in prompts))])
+    others = torch.ones(runner.kv_caches[0][0].shape[0], dtype=torch.bool)
+    others[written] = False
     for (k, v), (k0, v0) in zip(runner.kv_caches, caches):
-        assert torch.equal(k, k0) and torch.equal(v, v0)
+        assert torch.equal(k[others], k0[others]) and torch.equal(v[others], v0[others])
+        torch.testing.assert_close(k[written], k0[written], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(v[written], v0[written], atol=1e-6, rtol=1e-5)
