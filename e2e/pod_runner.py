@@ -268,11 +268,12 @@ class PodRunner(threading.Thread):
         run.restart_at = 0.0
 
     def _probe(self, run: ContainerRun, probe: ProbeState, kind: str, pod_ip: str) -> bool:
-        """Runs a due probe; True when it just failed for good (an event says why)."""
-        if not probe.run_if_due(time.monotonic(), pod_ip, run.process.env, run.process.cwd):
-            return False
-        self._event("Warning", "Unhealthy", f"container {run.spec['name']}: {kind} probe failed: {probe.failure}")
-        return True
+        """Runs a due probe; True when it just failed for good. An event tells each new way it fails."""
+        failed = probe.run_if_due(time.monotonic(), pod_ip, run.process.env, run.process.cwd)
+        news = probe.take_news()
+        if news is not None:
+            self._event("Warning", "Unhealthy", f"container {run.spec['name']}: {kind} probe failed: {news}")
+        return failed
 
     def _event(self, kind: str, reason: str, message: str) -> None:
         meta = self.pod["metadata"]

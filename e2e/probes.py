@@ -80,6 +80,9 @@ class ProbeState:
     _failures: int = 0
 
     failure: str | None = None
+    # The kubelet records every failed probe (its event recorder folds repeats into a count); a failure here is
+    # recorded once per distinct message while the probe keeps failing.
+    _recorded: str | None = None
 
     @classmethod
     def start(cls, spec: dict | None, container: dict, now: float) -> "ProbeState | None":
@@ -112,6 +115,12 @@ class ProbeState:
         elif self._failures >= threshold:
             self.passed = False
         return self._failures == threshold
+
+    def take_news(self) -> str | None:
+        """The last failure, if it has not been recorded yet (it is recorded by taking it)."""
+        news = self.failure if self.failure is not None and self.failure != self._recorded else None
+        self._recorded = self.failure
+        return news
 
     @property
     def failed(self) -> bool:
