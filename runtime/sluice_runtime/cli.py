@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import sys
 
 from sluice_runtime.engine.config import EngineConfig
@@ -18,6 +19,13 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     ServerSettings.add_cli_args(serve)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser, serve
+
+
+# Each connection's kernel send buffer (accepted sockets inherit it from the listening one). Left alone, Linux
+# grows it up to tcp_wmem's maximum (4 MiB) for a client that does not read: memory the pod is charged for, and
+# a stream whose client stopped reading would keep "sending" for megabytes before its idle timeout could start.
+# Ample for any link inside a cluster.
+_SEND_BUFFER_BYTES = 64 << 10
 
 
 def _configure_logging(level: str) -> None:
@@ -110,7 +118,9 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
                             timeout_graceful_shutdown=5, timeout_keep_alive=30)
     server = _server_class()(config, app.state.runtime, settings)
-    server.run()
+    listener = config.bind_socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
+    server.run(sockets=[listener])
     return 0
 
 

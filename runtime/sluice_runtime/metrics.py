@@ -79,6 +79,9 @@ class RuntimeMetrics:
                              ["endpoint", "status"], registry=r)
         self._cancelled = Counter("sluice_runtime_requests_cancelled", "Requests aborted because the client left.",
                                   m, registry=r)
+        self._stalled = Counter("sluice_runtime_requests_stalled",
+                                "Streams aborted because their client read nothing for the stream idle timeout.",
+                                m, registry=r)
         self._timeouts = Counter("sluice_runtime_requests_timeout", "Requests stopped at their deadline.",
                                  m, registry=r)
         self._rejected = Counter("sluice_runtime_requests_rejected", "Requests refused by the engine at admission.",
@@ -96,6 +99,11 @@ class RuntimeMetrics:
         """The client left; the engine request ended as an abort the server never saw finish."""
         self._cancelled.labels(self.model_name).inc()
         self._success.labels(self.model_name, "abort").inc()
+
+    def observe_stalled(self) -> None:
+        """The client stopped reading; its engine request was aborted."""
+        self._stalled.labels(self.model_name).inc()
+        self.observe_cancelled()
 
     def observe_rejected(self, reason: str) -> None:
         self._rejected.labels(self.model_name, reason).inc()

@@ -36,6 +36,21 @@ async def test_streams_deltas_that_add_up(engine):
     assert last.metrics.first_token_time >= last.metrics.arrival_time
 
 
+async def test_a_reader_that_falls_behind_gets_the_unread_outputs_folded_into_one(engine):
+    prompt = engine.tokenizer.encode("List the planets of the solar system:")
+    stream = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), "slow-reader")
+    first = await stream.__anext__()
+    assert first.outputs[0].text is None and first.outputs[0].token_ids is None
+    # The engine finishes all 48 tokens while nobody reads: what waits is one output, not one per step.
+    await _wait_for(lambda: engine.stats().num_running == 0)
+    rest = [out async for out in stream]
+    assert len(rest) == 1 and rest[0].finished
+    folded = rest[0].outputs[0]
+    assert folded.num_tokens == 48 and len(folded.delta_token_ids) == 48 - first.outputs[0].num_tokens
+    assert first.outputs[0].delta_token_ids + folded.delta_token_ids == folded.token_ids
+    assert first.outputs[0].delta_text + folded.delta_text == folded.text
+
+
 async def test_closing_the_stream_aborts_and_frees_blocks(engine):
     prompt = engine.tokenizer.encode("Count from one to one thousand: one, two,")
     stream = engine.generate(prompt, SamplingParams(max_tokens=500, ignore_eos=True), "leaver")
@@ -51,7 +66,7 @@ async def test_abort_by_id_ends_the_stream_with_abort(engine):
     prompt = engine.tokenizer.encode("Tell me everything about the ocean.")
     reasons = []
     async for out in engine.generate(prompt, SamplingParams(max_tokens=500, ignore_eos=True), "abort-me"):
-        if len(out.outputs[0].token_ids) >= 2:
+        if out.outputs[0].num_tokens >= 2:
             engine.abort("abort-me")
             engine.abort("abort-me")  # idempotent
         reasons.append(out.outputs[0].finish_reason)

@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from .config import EngineConfig
 from .errors import EngineDead
 from .llm_engine import EngineStats, LLMEngine
+from .output_mailbox import OutputMailbox
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
@@ -23,7 +24,7 @@ class AsyncEngine:
         self.tokenizer = engine.tokenizer
         self.model_info = engine.model_info
         self.config = engine.config
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputMailbox]] = {}
         self._calls: deque[tuple[callable, Future]] = deque()
         self._wake = threading.Event()
         self._stop = False
@@ -48,8 +49,8 @@ class AsyncEngine:
         if request_id in self._streams:
             # Checked before registering: the cleanup of a refused duplicate must not drop the first one's stream.
             raise ValueError(f"request id {request_id!r} is already in use")
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        mailbox = OutputMailbox()
+        self._streams[request_id] = (asyncio.get_running_loop(), mailbox)
         try:
             self.engine.add_request(request_id, prompt_token_ids, params, priority, deadline)
         except BaseException:
@@ -59,9 +60,7 @@ class AsyncEngine:
         finished = False
         try:
             while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
+                item = await mailbox.get()
                 yield item
                 if item.finished:
                     finished = True
@@ -125,7 +124,7 @@ class AsyncEngine:
         """Hands a step's outputs to their streams with one wake-up per event loop, not one per
         request: each wake-up is a system call and a turn of the loop, taken from the CPU the
         engine is computing on."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[str, asyncio.Queue, object]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[str, OutputMailbox, object]]] = {}
         for request_id, item in items:
             target = self._streams.get(request_id)
             if target is not None:
@@ -139,6 +138,9 @@ class AsyncEngine:
                     self.engine.abort(request_id)
 
 
-def _put_all(batch: list[tuple[str, asyncio.Queue, object]]) -> None:
-    for _, queue, item in batch:
-        queue.put_nowait(item)
+def _put_all(batch: list[tuple[str, OutputMailbox, object]]) -> None:
+    for _, mailbox, item in batch:
+        if isinstance(item, BaseException):
+            mailbox.fail(item)
+        else:
+            mailbox.put(item)

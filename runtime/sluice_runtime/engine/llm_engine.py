@@ -53,7 +53,7 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_preemptions_per_request)
+                                   config.max_preemptions_per_request, config.target_itl)
         self.detokenizer = Detokenizer(self.tokenizer)
         eos = set(self.runner.cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -222,16 +222,18 @@ class LLMEngine:
                 seq.group.metrics.finished_time = now
 
     def _make_output(self, group: SequenceGroup) -> RequestOutput | None:
+        """What is new for the request since its previous output; None when nothing is."""
         completions = []
         changed = False
         for seq in group.seqs:
             upto = self.detokenizer.releasable_len(seq)
+            start = seq.num_prompt_tokens + seq.emitted_token_count
             completion = CompletionOutput(
-                index=seq.index, text=seq.text[:upto], token_ids=list(seq.output_token_ids),
-                delta_text=seq.text[seq.emitted_text_len:upto],
-                delta_token_ids=seq.output_token_ids[seq.emitted_token_count:],
-                delta_logprobs=seq.logprobs[seq.emitted_token_count:],
+                index=seq.index, delta_text=seq.text[seq.emitted_text_len:upto], delta_token_ids=seq.token_ids[start:],
+                delta_logprobs=seq.logprobs[seq.emitted_token_count:], num_tokens=seq.num_output_tokens,
                 finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+            if group.finished:
+                completion.text, completion.token_ids = seq.text, seq.output_token_ids
             changed |= bool(completion.delta_token_ids or completion.delta_text) or seq.finished
             seq.emitted_text_len = max(seq.emitted_text_len, upto)
             seq.emitted_token_count = seq.num_output_tokens

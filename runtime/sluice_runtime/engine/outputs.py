@@ -13,22 +13,37 @@ class TokenLogprob:
 
 @dataclass
 class CompletionOutput:
-    """One of the n sequences of a request. `text`/`token_ids` are cumulative, `delta_*` new since the last output."""
+    """One of the n sequences of a request: what is new since the request's previous output.
+
+    Outputs carry deltas, never the text so far: a stream whose reader falls behind then holds its
+    unread tokens once, not once per step. Only a request's final output also carries each
+    sequence's whole `text` and `token_ids` (None before), for callers that want the result alone.
+    """
 
     index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[TokenLogprob] = field(default_factory=list)
+    num_tokens: int = 0  # generated so far
     # "stop" | "length" | "abort" | "timeout" | "error"; None while running.
     finish_reason: str | None = None
     # The stop string or stop token id that ended the sequence, if any.
     stop_reason: str | int | None = None
+    text: str | None = None
+    token_ids: list[int] | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def absorb(self, later: "CompletionOutput") -> None:
+        """Fold a later output of the same sequence into this one, as if they had been one."""
+        self.delta_text += later.delta_text
+        self.delta_token_ids.extend(later.delta_token_ids)
+        self.delta_logprobs.extend(later.delta_logprobs)
+        self.num_tokens = later.num_tokens
+        self.finish_reason, self.stop_reason = later.finish_reason, later.stop_reason
+        self.text, self.token_ids = later.text, later.token_ids
 
 
 @dataclass
@@ -48,6 +63,12 @@ class RequestMetrics:
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
+    outputs: list[CompletionOutput]  # every sequence of the request, by index
     finished: bool
     metrics: RequestMetrics
+
+    def absorb(self, later: "RequestOutput") -> None:
+        """Fold the request's next output into this unread one (the reader gets both at once)."""
+        for mine, theirs in zip(self.outputs, later.outputs):
+            mine.absorb(theirs)
+        self.finished = later.finished

@@ -13,7 +13,7 @@ from .logprobs import LogprobFormatter
 from .normalize import GenerationRequest
 from .protocol import ChatChoice, ChatCompletionResponse, ChoiceLogprobs, ResponseMessage, Usage
 from .request_log import RequestRecord
-from .sse import DONE, SSEResponse, event, usage_event
+from .sse import DONE, event, usage_event
 from .tool_calls import ParsedCall, ToolCallParser
 
 
@@ -36,8 +36,7 @@ class ChatServing:
     async def respond(self, greq: GenerationRequest, receive, record: RequestRecord) -> Response:
         first, stream = await self._runner.start(greq, receive, record)
         if greq.stream:
-            return SSEResponse(self._runner.guarded(self._events(greq, first, stream, record), greq.request_id,
-                                                       record, stream))
+            return self._runner.stream(self._events(greq, first, stream, record), greq.request_id, record, stream)
         try:
             body = await until_disconnected(receive, self._collect(greq, first, stream, record))
         except ClientDisconnected:

@@ -9,6 +9,10 @@ class ClientDisconnected(Exception):
     pass
 
 
+class ClientStalled(ClientDisconnected):
+    """The client stopped reading: one write to it waited longer than the stream idle timeout."""
+
+
 async def _wait_for_disconnect(receive) -> None:
     while True:
         message = await receive()

@@ -15,7 +15,7 @@ from .disconnect import ClientDisconnected, until_disconnected
 from .errors import APIError, internal_error, invalid_request, overloaded, shutting_down
 from .normalize import GenerationRequest
 from .request_log import RequestRecord
-from .sse import DONE, error_event
+from .sse import DONE, SSEResponse, error_event
 
 log = logging.getLogger("sluice.server")
 
@@ -41,6 +41,7 @@ class GenerationRunner:
         self._lifecycle = lifecycle
         self._metrics = metrics
         self._timeout = settings.request_timeout
+        self._stream_idle_timeout = settings.stream_idle_timeout
 
     async def start(self, greq: GenerationRequest, receive, record: RequestRecord) -> tuple[Item, AsyncIterator[Item]]:
         """Submit every prompt and wait for the first output, so that admission errors become HTTP statuses."""
@@ -57,8 +58,12 @@ class GenerationRunner:
             raise err from None
         return first, stream
 
-    async def guarded(self, events: AsyncIterator[str], request_id: str, record: RequestRecord,
-                      stream) -> AsyncIterator[str]:
+    def stream(self, events: AsyncIterator[str], request_id: str, record: RequestRecord, stream) -> SSEResponse:
+        """The SSE response for a stream's events; `stream` is the engine outputs they are made from."""
+        return SSEResponse(self._guarded(events, request_id, record, stream), self._stream_idle_timeout)
+
+    async def _guarded(self, events: AsyncIterator[str], request_id: str, record: RequestRecord,
+                       stream) -> AsyncIterator[str]:
         """Ends every stream cleanly: engine errors and our own bugs become an error event, then [DONE]."""
         try:
             async for chunk in events:
@@ -165,19 +170,22 @@ def _params_for(greq: GenerationRequest, index: int) -> SamplingParams:
 
 
 async def _merge(streams: list) -> AsyncIterator[Item]:
-    """Outputs of several engine requests in arrival order; closing this closes (aborts) them all."""
-    queue: asyncio.Queue = asyncio.Queue()
+    """Outputs of several engine requests in arrival order; closing this closes (aborts) them all.
+
+    The hand-over holds one output: a reader that falls behind leaves the rest folded together in the
+    engine's mailboxes rather than queued here."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=1)
     done = object()
 
     async def pump(index: int, stream) -> None:
         try:
             async for out in stream:
-                queue.put_nowait((index, out, None))
+                await queue.put((index, out, None))
+            await queue.put((index, None, done))
         except Exception as exc:
-            queue.put_nowait((index, None, exc))
+            await queue.put((index, None, exc))
         finally:
             await stream.aclose()
-            queue.put_nowait((index, None, done))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:

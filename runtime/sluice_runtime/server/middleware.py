@@ -10,7 +10,7 @@ import re
 import time
 import uuid
 
-from .disconnect import ClientDisconnected
+from .disconnect import ClientDisconnected, ClientStalled
 from .errors import APIError, internal_error, shutting_down, unauthorized
 from .request_log import RequestRecord
 
@@ -83,6 +83,11 @@ class RequestContextMiddleware:
                 await self._send_error(self._too_large(), record, scope, receive, send_with_id)
             else:
                 await self.app(scope, counting_receive, send_with_id)
+        except ClientStalled:
+            # The stream's events were closed, which aborted the engine request; uvicorn drops the connection.
+            record.cancelled = True
+            record.error_code = "client_stalled"
+            self._metrics.observe_stalled()
         except ClientDisconnected:
             # Nobody is left to answer; the handler already aborted the engine request.
             record.cancelled = True

@@ -22,6 +22,8 @@ class ServerSettings:
     shutdown_timeout: float = 30.0
     # Generation requests still running after this many seconds end with a timeout error.
     request_timeout: float | None = 600.0
+    # A stream whose client has read nothing for this many seconds is aborted and its KV blocks freed.
+    stream_idle_timeout: float = 60.0
     print_examples: bool = False
     # The mounted runtime credential; None: every caller is served (the local `make run` case).
     api_key_file: str | None = None
@@ -34,6 +36,7 @@ class ServerSettings:
             (self.shutdown_timeout >= 0, f"shutdown timeout must be non-negative, got {self.shutdown_timeout}"),
             (self.request_timeout is None or self.request_timeout > 0,
              f"request timeout must be positive, got {self.request_timeout}"),
+            (self.stream_idle_timeout > 0, f"stream idle timeout must be positive, got {self.stream_idle_timeout}"),
             (all(n.strip() for n in self.served_model_names), "served model names must be non-empty"),
         ]
         for ok, message in checks:
@@ -57,6 +60,8 @@ class ServerSettings:
                            help="seconds running requests may take to finish after SIGTERM")
         group.add_argument("--request-timeout", type=float, default=600.0,
                            help="seconds a generation request may run before it is stopped")
+        group.add_argument("--stream-idle-timeout", type=float, default=60.0,
+                           help="seconds a streaming client may read nothing before its request is aborted")
         group.add_argument("--print-examples", action="store_true",
                            help="print ready-to-paste curl and Python examples once serving")
         group.add_argument("--api-key-file", default=None, metavar="PATH",
@@ -68,5 +73,6 @@ class ServerSettings:
         return cls(host=args.host, port=args.port, served_model_names=list(args.served_model_names),
                    chat_template=args.chat_template, log_prompts=args.log_prompts,
                    max_body_bytes=parse_memory(args.max_body_bytes), shutdown_timeout=args.shutdown_timeout,
-                   request_timeout=args.request_timeout, print_examples=args.print_examples,
+                   request_timeout=args.request_timeout, stream_idle_timeout=args.stream_idle_timeout,
+                   print_examples=args.print_examples,
                    api_key_file=args.api_key_file)

@@ -1,10 +1,12 @@
 """Server-sent events: the framing OpenAI clients parse, and a response that always closes its source."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 from starlette.responses import StreamingResponse
 
+from .disconnect import ClientStalled
 from .errors import APIError
 
 DONE = "data: [DONE]\n\n"
@@ -27,10 +29,27 @@ def error_event(err: APIError) -> str:
 
 
 class SSEResponse(StreamingResponse):
+    """An event stream that gives up on a client that stops reading.
+
+    The server writes no further than the socket's buffers take (uvicorn waits for them to drain), so a
+    write that waits `idle_timeout` seconds means the client has read nothing for that long: the stream
+    ends with ClientStalled, and closing its events aborts the engine request and frees its KV blocks.
+    """
+
     media_type = "text/event-stream"
 
-    def __init__(self, events):
+    def __init__(self, events, idle_timeout: float):
         super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._idle_timeout = idle_timeout
+
+    async def stream_response(self, send) -> None:
+        async def send_while_read(message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self._idle_timeout)
+            except asyncio.TimeoutError:
+                raise ClientStalled() from None
+
+        await super().stream_response(send_while_read)
 
     async def __call__(self, scope, receive, send) -> None:
         try:
