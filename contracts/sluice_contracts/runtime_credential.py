@@ -7,6 +7,7 @@ so a vLLM or SGLang pod given the same key accepts the same gateway.
 from __future__ import annotations
 
 import hmac
+import os
 
 SECRET_SUFFIX = "runtime-credential"
 SECRET_KEY = "api-key"
@@ -15,6 +16,7 @@ MOUNT_PATH = f"{MOUNT_DIR}/{SECRET_KEY}"
 HEADER = "authorization"
 # Probes and the operator's scraper read these without the credential; nothing else is open.
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/load"})
+_MAX_CREDENTIAL_BYTES = 4096
 
 
 def secret_name(release: str) -> str:
@@ -30,3 +32,29 @@ def presented_matches(presented: str | None, credential: str) -> bool:
     expected = header_value(credential).encode()
     # Headers arrive as latin-1 text; anything that does not encode is simply not the credential.
     return hmac.compare_digest((presented or "").encode(errors="replace"), expected)
+
+
+class CredentialFileError(ValueError):
+    """The credential file is missing, unreadable or holds no usable credential."""
+
+
+def read_credential_file(path: str | os.PathLike, what: str = "credential file") -> str:
+    """The credential in a mounted Secret file, its surrounding whitespace (a trailing newline) removed.
+
+    It goes into an HTTP header as is, so only visible ASCII is accepted: a line break inside would split
+    the request. `what` names the file in messages as its reader's users know it.
+    """
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(_MAX_CREDENTIAL_BYTES + 64)
+    except OSError as exc:
+        raise CredentialFileError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    credential = raw.strip()
+    if not credential:
+        raise CredentialFileError(f"the {what} {path} is empty")
+    if len(credential) > _MAX_CREDENTIAL_BYTES or not all(0x21 <= byte <= 0x7E for byte in credential):
+        raise CredentialFileError(
+            f"the {what} {path} must hold one token of printable ASCII without spaces or control characters "
+            f"(at most {_MAX_CREDENTIAL_BYTES} of them)"
+        )
+    return credential.decode("ascii")

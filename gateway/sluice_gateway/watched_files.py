@@ -1,8 +1,13 @@
-"""The files a gateway runs from, kept in force while it runs: gateway.yaml, the routing table and the
-upstream credential. Each is checked every reload interval; each keeps its last good version on a bad edit.
+"""The files a gateway runs from: gateway.yaml, the routing table and the upstream credential, each a
+FollowedFile checked every reload interval.
 
-Where the routing table and the credential file live is itself configuration, so their watchers are set
-up when the first usable config arrives (at start, or later if the gateway started without one).
+Where the routing table and the credential file live is itself configuration, so they are followed from
+the first usable config on (at start, or later if the gateway started without one).
+
+A missing routing table is an empty table, not an error: in the cluster it is an optional ConfigMap volume
+that the operator creates with the first InferenceModel and deletes with the last one. Runtimes refuse
+inference calls without the credential (sluice_contracts.runtime_credential); the client's own key is never
+forwarded upstream.
 """
 from __future__ import annotations
 
@@ -10,12 +15,12 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import GatewayConfig
-from .config_reloader import ConfigReloader
+from sluice_contracts.runtime_credential import CredentialFileError, header_value, read_credential_file
+
+from .config import ConfigError, GatewayConfig, load_config
+from .followed_file import FollowedFile
 from .metrics import GatewayMetrics
-from .reloader import RoutesReloader
-from .routing_table import RoutingTable
-from .upstream_credential import UpstreamCredential
+from .routing_table import RoutingTable, RoutingTableError, load_routing_table
 
 
 class WatchedFiles:
@@ -27,33 +32,39 @@ class WatchedFiles:
         self._metrics = metrics
         self._apply_config = apply_config
         self._apply_table = apply_table
-        self.config = ConfigReloader(config_path, self._on_config, metrics.config_rejections.inc)
-        self.routes: RoutesReloader | None = None
-        self.credential: UpstreamCredential | None = None
+        self.config = FollowedFile("config", config_path, load_config, self._on_config, errors=(ConfigError,),
+                                   without_it="serving nothing until it is fixed",
+                                   rejected=metrics.config_rejections.inc)
+        self.routes: FollowedFile[RoutingTable] | None = None
+        self.credential: FollowedFile[str] | None = None
+        self.credential_header: str | None = None  # the `Authorization` value sent upstream, once one is read
 
     def _on_config(self, config: GatewayConfig) -> None:
-        if not self.config.in_force:  # the first usable config says where the other files are
+        if not self.config.in_force:
             routes = self._routes_override or config.routes_file
             if routes is not None:
-                self.routes = RoutesReloader(routes, self._apply_table, self._metrics.table_rejections.inc)
+                self.routes = FollowedFile(
+                    "routing table", routes, load_routing_table, self._apply_table, errors=(RoutingTableError,),
+                    without_it="not ready until a valid table arrives", rejected=self._metrics.table_rejections.inc, when_missing=RoutingTable)
             if config.upstream_credential_file is not None:
-                self.credential = UpstreamCredential(config.upstream_credential_file)
+                self.credential = FollowedFile(
+                    "upstream credential", config.upstream_credential_file,
+                    lambda path: read_credential_file(path, "upstream credential file"), self._use_credential,
+                    errors=(CredentialFileError,), without_it="upstream requests carry none")
         self._apply_config(config)
 
-    @property
-    def credential_header(self) -> str | None:
-        return self.credential.header if self.credential is not None else None
+    def _use_credential(self, credential: str) -> None:
+        self.credential_header = header_value(credential)
 
     def check(self) -> None:
-        self.config.check()
-        if self.routes is not None:
-            self.routes.check()
-        if self.credential is not None:
-            self.credential.check()
+        self.config.check()  # first: the first usable config says which other files to follow
+        for follower in (self.routes, self.credential):
+            if follower is not None:
+                follower.check()
         for name, source in self._sources():
             self._metrics.file_rejected.labels(name).set(1 if source.problem else 0)
 
-    def _sources(self) -> list[tuple[str, ConfigReloader | RoutesReloader | UpstreamCredential]]:
+    def _sources(self) -> list[tuple[str, FollowedFile]]:
         sources = [("config", self.config), ("routes", self.routes), ("credential", self.credential)]
         return [(name, source) for name, source in sources if source is not None]
 

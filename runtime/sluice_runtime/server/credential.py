@@ -10,34 +10,18 @@ import logging
 import os
 import threading
 
-from sluice_contracts.runtime_credential import HEADER, OPEN_PATHS, header_value, presented_matches
+from sluice_contracts.runtime_credential import (
+    HEADER, OPEN_PATHS, CredentialFileError, header_value, presented_matches, read_credential_file,
+)
 
 log = logging.getLogger("sluice.server")
 _HEADER = HEADER.encode()
 
 
-def read_credential(path: str) -> str:
-    """The credential in `path`, surrounding whitespace (a Secret's trailing newline) removed."""
-    try:
-        with open(path, "rb") as file:
-            raw = file.read()
-    except OSError as exc:
-        raise ValueError(f"cannot read the api key file {path}: {exc.strerror or exc}") from None
-    try:
-        credential = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise ValueError(f"the api key file {path} must hold printable ASCII (an HTTP header value)") from None
-    if not credential:
-        raise ValueError(f"the api key file {path} is empty")
-    if not all("!" <= ch <= "~" for ch in credential):
-        raise ValueError(f"the api key in {path} must be printable ASCII without spaces or control characters")
-    return credential
-
-
 class RuntimeCredential:
     def __init__(self, path: str):
         self.path = path
-        self._credential = read_credential(path)
+        self._credential = read_credential_file(path, "api key file")
         self._mtime = _mtime(path)
         self._lock = threading.Lock()
 
@@ -62,8 +46,8 @@ class RuntimeCredential:
             return
         with self._lock:
             try:
-                credential = read_credential(self.path)
-            except ValueError as exc:
+                credential = read_credential_file(self.path, "api key file")
+            except CredentialFileError as exc:
                 # A Secret being rewritten can be briefly empty; the previous credential stays until it is good.
                 log.warning("keeping the previous runtime credential: %s", exc)
                 return
