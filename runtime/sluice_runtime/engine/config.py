@@ -5,6 +5,8 @@ import argparse
 import re
 from dataclasses import dataclass, fields
 
+from .step_budget import AUTO, OFF
+
 # The names executor.attention.BACKENDS accepts, repeated so parsing flags does not import torch.
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -23,6 +25,24 @@ def parse_memory(value: str | int) -> int:
     return int(float(number) * _UNITS[unit or ""])
 
 
+def parse_target_itl(value: str | float) -> str | float:
+    """'auto', 'off' or a positive number of milliseconds (a number or its text)."""
+    if isinstance(value, str) and value.strip().lower() in (AUTO, OFF):
+        return value.strip().lower()
+    number = float("nan")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if not (0 < number < 3_600_000):  # also refuses nan and inf
+        raise ValueError(f"target itl ms must be auto, off or a number of milliseconds above 0 (at most an hour), "
+                         f"got {value!r}")
+    return number
+
+
 @dataclass
 class EngineConfig:
     model: str = "smollm2"
@@ -39,6 +59,9 @@ class EngineConfig:
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    # While requests decode, a step carrying prefill takes at most this long: "auto" (1.5x the
+    # decode-only step, at least 5 fixed step costs; engine/step_budget.py), "off", or milliseconds.
+    target_itl_ms: str | float = "auto"
     max_waiting: int = 1024
     enable_prefix_caching: bool = True
     # A request preempted this often is no longer chosen as a victim, so it cannot livelock.
@@ -55,6 +78,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        self.target_itl_ms = parse_target_itl(self.target_itl_ms)
         checks = [
             (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
             (self.block_size in (1, 2, 4, 8, 16, 32, 64, 128, 256), f"block size must be a power of two up to 256, got {self.block_size}"),
@@ -94,6 +118,10 @@ class EngineConfig:
         group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
         group.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one batch")
         group.add_argument("--max-num-batched-tokens", type=int, default=1024, help="token budget of one engine step")
+        group.add_argument("--target-itl-ms", default="auto",
+                           help="while requests decode, a step carrying prompt chunks takes at most this long: auto "
+                                "(1.5x the decode-only step, measured as the engine runs), off (token budget only), "
+                                "or milliseconds")
         group.add_argument("--max-waiting", type=int, default=1024, help="queued requests before new ones are refused as overloaded")
         group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                            help="disable reuse of cached prompt blocks")
@@ -106,6 +134,11 @@ class EngineConfig:
                            help="CUDA: share of each GPU for weights, activations and the KV cache, sized at start")
         group.add_argument("--tensor-parallel-size", type=int, default=1,
                            help="shard the model across this many GPUs (processes on the CPU)")
+
+    @property
+    def target_itl(self) -> str | float:
+        """The step budget's target: AUTO, OFF or seconds."""
+        return self.target_itl_ms if isinstance(self.target_itl_ms, str) else self.target_itl_ms / 1000
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineConfig":

@@ -53,7 +53,7 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_preemptions_per_request)
+                                   config.max_preemptions_per_request, config.target_itl)
         self.detokenizer = Detokenizer(self.tokenizer)
         eos = set(self.runner.cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

@@ -1,17 +1,27 @@
 """Continuous batching: which sequences run in the next step and how many tokens each computes.
 
-Every step has a token budget. Running decodes are scheduled first so a stream never stalls
-behind a long prompt; partially prefilled prompts continue next; waiting requests are admitted
-with what is left, their prompts split into chunks when they do not fit. When the KV cache runs
-out, the least important running sequence is preempted and later recomputed from its tokens.
+Running decodes are scheduled first, so a stream never stalls behind a prompt. Prompts are then
+prefilled in chunks within the step's prefill budget (step_budget: what keeps the step within the
+target inter-token latency, at most the token budget), prompts already started and waiting ones
+alike, shortest first within a priority, so a short chat is answered between a long prompt's
+chunks. Age is counted in prefill work: a prompt that has seen PREFILL_AGE_LIMIT tokens of other
+prompts prefilled since it arrived goes ahead of shorter ones, so long prompts never starve. When
+the KV cache runs out, the least important running sequence is preempted and later recomputed
+from its tokens.
 """
 from __future__ import annotations
 
 import bisect
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceGroup, SequenceStatus
+from .step_budget import AUTO, StepBudget
+
+# Tokens of other prompts' prefill a waiting prompt lets go ahead of it (about 8 full steps).
+PREFILL_AGE_LIMIT = 8192
 
 
 @dataclass
@@ -49,7 +59,8 @@ def _order(seq: Sequence) -> tuple[int, int, int]:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_preemptions_per_request: int):
+                 max_preemptions_per_request: int, target_itl: str | float = AUTO,
+                 prefill_age_limit: int = PREFILL_AGE_LIMIT, clock: Callable[[], float] = time.monotonic):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -59,6 +70,13 @@ class Scheduler:
         self.num_preemptions = 0
         # A few blocks stay free when admitting new prompts, so running decodes can grow without preempting.
         self.watermark = max(1, block_manager.num_blocks // 100)
+        self.step_budget = StepBudget(target_itl, max_num_batched_tokens)
+        self.clock = clock
+        self._step_started = 0.0
+        # The clock prompts age by: prefill tokens computed so far, and where it stood at each arrival.
+        self.prefill_age_limit = prefill_age_limit
+        self.prefill_work = 0
+        self._arrived_at: dict[Sequence, int] = {}
 
     # -- queue management -----------------------------------------------------------------------
 
@@ -67,6 +85,7 @@ class Scheduler:
 
     def _enqueue(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        self._arrived_at.setdefault(seq, self.prefill_work)  # a preempted sequence keeps its age
         keys = [_order(s) for s in self.waiting]
         self.waiting.insert(bisect.bisect(keys, _order(seq)), seq)
 
@@ -85,6 +104,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free_sequence(seq)
+        self._arrived_at.pop(seq, None)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason, seq.stop_reason = reason, stop_reason
 
@@ -99,52 +119,71 @@ class Scheduler:
     # -- one step -------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        """Every running decode that the KV cache can grow (preempting the lowest-ranked sequences when
+        it is full), then prefill chunks in prefill order until the step's prefill budget is spent."""
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
         self.running.sort(key=_order)
         scheduled: set[int] = set()
 
         for seq in list(self.running):
-            if seq.is_prefilling or seq not in self.running or len(scheduled) >= self.max_num_seqs or budget < 1:
+            if seq.is_prefilling or seq not in self.running or len(scheduled) >= self.max_num_seqs:
                 continue
             if not self._make_room(seq, 1, scheduled):
                 continue
             self.blocks.allocate(seq, 1)
             out.decodes.append(ScheduledSeq(seq, 1))
             scheduled.add(id(seq))
-            budget -= 1
 
-        for seq in list(self.running):
-            if not seq.is_prefilling or len(scheduled) >= self.max_num_seqs or budget < 1:
-                continue
-            chunk = min(budget, seq.num_uncomputed, self._allocatable_tokens(seq, reserve=0))
-            if chunk <= 0:
-                continue
-            self.blocks.allocate(seq, chunk)
-            out.prefills.append(ScheduledSeq(seq, chunk))
-            scheduled.add(id(seq))
-            budget -= chunk
-
-        while self.waiting and budget > 0 and len(scheduled) < self.max_num_seqs:
-            seq = self.waiting[0]
-            self.blocks.allocate_prompt_start(seq)
-            chunk = min(budget, seq.num_uncomputed, self._allocatable_tokens(seq, reserve=self.watermark))
-            if chunk <= 0:
-                self.blocks.free_sequence(seq)
+        budget = self.step_budget.prefill_tokens(len(out.decodes))
+        for seq in self._prefill_order():
+            if budget < 1 or len(scheduled) >= self.max_num_seqs:
                 break
-            self.waiting.pop(0)
-            self.blocks.record_prefix_query(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            self.blocks.allocate(seq, chunk)
-            out.prefills.append(ScheduledSeq(seq, chunk))
-            scheduled.add(id(seq))
-            budget -= chunk
+            waiting = seq.status is SequenceStatus.WAITING
+            chunk = self._allocate_chunk(seq, budget)
+            if chunk == 0 and waiting:
+                break  # the first waiting prompt that does not fit holds back those after it
+            if chunk:
+                out.prefills.append(ScheduledSeq(seq, chunk))
+                scheduled.add(id(seq))
+                budget -= chunk
 
         if out.is_empty and self.running and not self.blocks.num_free_blocks:
             # Everyone is blocked on memory and every victim hit its preemption cap: break the tie anyway.
             self.preempt(max(self.running, key=_order))
+        self._step_started = self.clock()
         return out
+
+    def _prefill_order(self) -> list[Sequence]:
+        """Started and waiting prompts: by priority, then those past the age limit in arrival order,
+        then the fewest tokens left first."""
+
+        def key(seq: Sequence) -> tuple:
+            priority, arrival = seq.group.sort_key()
+            if self.prefill_work - self._arrived_at.get(seq, self.prefill_work) >= self.prefill_age_limit:
+                return priority, 0, arrival, seq.index
+            return priority, 1, seq.num_uncomputed, arrival, seq.index
+
+        return sorted([s for s in self.running if s.is_prefilling] + self.waiting, key=key)
+
+    def _allocate_chunk(self, seq: Sequence, budget: int) -> int:
+        """Blocks for the next chunk of `seq`'s prompt, at most `budget` tokens, admitting it if it
+        waits; returns the chunk's tokens, 0 when the KV cache cannot hold any now."""
+        waiting = seq.status is SequenceStatus.WAITING
+        if waiting:
+            self.blocks.allocate_prompt_start(seq)
+        chunk = min(budget, seq.num_uncomputed,
+                    self._allocatable_tokens(seq, reserve=self.watermark if waiting else 0))
+        if chunk <= 0:
+            if waiting:
+                self.blocks.free_sequence(seq)
+            return 0
+        if waiting:
+            self.waiting.remove(seq)
+            self.blocks.record_prefix_query(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        self.blocks.allocate(seq, chunk)
+        return chunk
 
     def _allocatable_tokens(self, seq: Sequence, reserve: int) -> int:
         """How many more tokens `seq` can compute with the free blocks (keeping `reserve` free)."""
@@ -174,7 +213,10 @@ class Scheduler:
     # -- after the step ---------------------------------------------------------------------------
 
     def on_step_done(self, out: SchedulerOutput) -> None:
-        """Advance progress and start the forks of prompts that just finished prefilling."""
+        """Time the step for the step budget, advance progress and start the forks of prompts that
+        just finished prefilling."""
+        self.step_budget.model.observe(out.num_tokens, self.clock() - self._step_started)
+        self.prefill_work += sum(item.num_tokens for item in out.prefills)
         for item in out.scheduled:
             seq = item.seq
             seq.num_computed_tokens += item.num_tokens

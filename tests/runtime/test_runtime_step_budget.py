@@ -1,0 +1,260 @@
+"""The step-time budget and prefill order: short requests keep decoding and get answered beside long prompts.
+
+The policy tests drive the real scheduler and block manager with a fake clock: each step "takes"
+what a CPU-like cost model says (a fixed cost plus a cost per token), so what the scheduler
+measures and decides is exact. The last test runs the real engine on SmolLM2.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sluice_runtime.engine.block_manager import BlockManager
+from sluice_runtime.engine.config import EngineConfig
+from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.engine.scheduler import Scheduler
+from sluice_runtime.engine.sequence import SequenceGroup
+from sluice_runtime.engine.step_budget import AUTO, MIN_CHUNK, OFF, StepBudget, StepTimeModel
+
+# A 2-core AVX2 CPU running SmolLM2 in float32, roughly: 80 ms per step plus 7 ms per token.
+FIXED, PER_TOKEN = 0.080, 0.007
+
+
+def cpu_step(tokens: int) -> float:
+    return FIXED + PER_TOKEN * tokens
+
+
+def fitted(*sizes: int) -> StepTimeModel:
+    model = StepTimeModel()
+    for n in sizes:
+        model.observe(n, cpu_step(n))
+    return model
+
+
+# -- the step budget ------------------------------------------------------------------------------
+
+def test_the_model_recovers_fixed_and_per_token_cost_from_steps_of_different_sizes():
+    model = fitted(28, 28, 75, 28, 300, 1024, 29)
+    fixed, per_token = model.coefficients()
+    assert fixed == pytest.approx(FIXED) and per_token == pytest.approx(PER_TOKEN)
+    assert model.predict(64) == pytest.approx(cpu_step(64))
+
+
+def test_auto_keeps_a_step_within_one_and_a_half_decode_steps():
+    budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))
+    chunk = budget.prefill_tokens(28)
+    assert 0 < chunk < 1024 - 28
+    assert cpu_step(28 + chunk) <= 1.5 * cpu_step(28) < cpu_step(28 + chunk + 1)
+
+
+def test_auto_never_cuts_a_chunk_below_five_fixed_costs_of_work():
+    # One decode: 1.5x its 87 ms step would leave 3 prefill tokens and an 80 ms fixed cost per step.
+    budget = StepBudget(AUTO, 1024, fitted(1, 60, 300))
+    chunk = budget.prefill_tokens(1)
+    assert cpu_step(1 + chunk) <= 5 * FIXED < cpu_step(1 + chunk + 1)
+
+
+def test_a_target_in_milliseconds_holds_whatever_the_batch():
+    budget = StepBudget(0.505, 1024, fitted(8, 60, 300))
+    for decodes in (1, 8, 40):
+        chunk = budget.prefill_tokens(decodes)
+        assert cpu_step(decodes + chunk) <= 0.505 < cpu_step(decodes + chunk + 1)
+
+
+def test_prompts_still_progress_when_the_decodes_alone_exceed_the_target():
+    assert StepBudget(0.1, 1024, fitted(8, 60, 300)).prefill_tokens(40) == MIN_CHUNK
+
+
+@pytest.mark.parametrize("target", [AUTO, 0.5, OFF])
+def test_the_token_budget_stays_the_upper_bound(target):
+    gpu = StepTimeModel()
+    for n in (8, 64, 512):
+        gpu.observe(n, 0.02 + 1e-6 * n)  # almost all fixed cost: chunks as large as allowed
+    assert StepBudget(target, 256, gpu).prefill_tokens(10) == 246
+    assert StepBudget(target, 256, fitted(8, 60)).prefill_tokens(256) == 0
+
+
+@pytest.mark.parametrize("target", [AUTO, 0.5])
+def test_with_no_decode_or_no_measurement_the_whole_token_budget_goes_to_prefill(target):
+    assert StepBudget(target, 1024, fitted(8, 60)).prefill_tokens(0) == 1024
+    assert StepBudget(target, 1024, StepTimeModel()).prefill_tokens(5) == 1019
+
+
+def test_odd_measurements_never_give_a_negative_or_oversized_chunk():
+    model = StepTimeModel()
+    # Noise: the larger step measured faster, then nonsense (no tokens, no time, negative time).
+    for tokens, seconds in [(10, 0.5), (500, 0.1), (0, 3.0), (40, 0.0), (40, -1.0), (40, math.nan)]:
+        model.observe(tokens, seconds)
+    fixed, per_token = model.coefficients()
+    assert fixed >= 0 and per_token > 0
+    for decodes in (1, 30, 1000):
+        assert 0 <= StepBudget(AUTO, 1024, model).prefill_tokens(decodes) <= max(0, 1024 - decodes)
+
+
+@pytest.mark.parametrize("value,expected", [("auto", AUTO), (" OFF ", OFF), ("250", 0.25), (250, 0.25), (0.5, 0.0005)])
+def test_target_itl_flag_values(value, expected):
+    assert EngineConfig(target_itl_ms=value).target_itl == expected
+
+
+@pytest.mark.parametrize("value", ["0", 0, -5, "nan", "inf", float("inf"), "", "fast", "250ms", True, None, [250],
+                                   1e12])
+def test_target_itl_flag_refuses_what_is_not_a_positive_duration(value):
+    with pytest.raises(ValueError, match="target itl ms must be auto, off or a number of milliseconds"):
+        EngineConfig(target_itl_ms=value)
+
+
+# -- the scheduler, with a fake clock -------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Engine:
+    """What LLMEngine does around the scheduler, minus the model: each step advances the clock by
+    the CPU cost model, every sampling row gets a token, requests end at max_tokens."""
+
+    def __init__(self, target=AUTO, max_tokens=1024, age_limit=8192, num_blocks=2000):
+        self.clock = FakeClock()
+        self.scheduler = Scheduler(BlockManager(num_blocks, 16), 64, max_tokens, 4, target, age_limit, self.clock)
+        self.groups: dict[str, SequenceGroup] = {}
+        self.first_token_step: dict[str, int] = {}
+        self.steps = 0
+
+    def add(self, name: str, prompt_len: int, max_tokens: int = 64, priority: int = 0) -> None:
+        group = SequenceGroup(name, [100 + (hash(name) + i) % 30000 for i in range(prompt_len)],
+                              SamplingParams(max_tokens=max_tokens), priority)
+        self.groups[name] = group
+        self.scheduler.add(group)
+
+    def step(self):
+        plan = self.scheduler.schedule()
+        self.steps += 1
+        self.clock.now += cpu_step(plan.num_tokens)
+        sampled = [s.seq for s in plan.scheduled if s.samples]
+        self.scheduler.on_step_done(plan)
+        for seq in sampled:
+            seq.token_ids.append(7)
+            self.first_token_step.setdefault(seq.group.request_id, self.steps)
+            if seq.num_output_tokens >= seq.group.params.max_tokens:
+                self.scheduler.finish(seq, "length")
+        return plan
+
+    def chunk_of(self, plan, name: str) -> int:
+        return sum(s.num_tokens for s in plan.prefills if s.seq.group.request_id == name)
+
+
+def test_a_long_prompt_prefills_over_many_steps_while_short_requests_keep_decoding():
+    engine = Engine()
+    for i in range(28):
+        engine.add(f"short{i}", 50 + 5 * i, max_tokens=10_000)
+    while len(engine.first_token_step) < 28:
+        engine.step()
+    engine.add("long", 2000)
+    idle_decode = cpu_step(28)
+    long_steps = 0
+    while "long" not in engine.first_token_step:
+        plan = engine.step()
+        # Every short request got its token this step, and the step stayed within the target.
+        assert len(plan.decodes) == 28
+        assert engine.clock.now - engine.scheduler._step_started <= 1.5 * idle_decode * 1.001
+        long_steps += 1
+    assert long_steps > 20, "the long prompt should have been cut into many small chunks"
+    assert engine.scheduler.step_budget.model.coefficients() == pytest.approx((FIXED, PER_TOKEN))
+
+
+def test_with_the_budget_off_each_step_fills_the_token_budget():
+    engine = Engine(target=OFF)
+    for i in range(28):
+        engine.add(f"short{i}", 60, max_tokens=10_000)
+    while len(engine.first_token_step) < 28:
+        engine.step()
+    engine.add("long", 2000)
+    plan = engine.step()
+    assert len(plan.decodes) == 28 and engine.chunk_of(plan, "long") == 1024 - 28
+
+
+def test_short_prompts_go_before_a_long_one_that_arrived_first():
+    engine = Engine(max_tokens=512)
+    engine.add("long", 2000)
+    engine.add("short-b", 120)
+    engine.add("short-a", 40)
+    plan = engine.step()
+    assert [(s.seq.group.request_id, s.num_tokens) for s in plan.prefills] == [
+        ("short-a", 40), ("short-b", 120), ("long", 352)]
+
+
+def test_a_short_prompt_overtakes_a_long_one_already_part_way_through_prefill():
+    engine = Engine(max_tokens=256)
+    engine.add("long", 2000)
+    assert engine.chunk_of(engine.step(), "long") == 256
+    engine.add("short", 30, max_tokens=8)
+    plan = engine.step()
+    assert engine.chunk_of(plan, "short") == 30
+    while "long" not in engine.first_token_step:
+        engine.step()
+    assert engine.first_token_step["short"] < engine.first_token_step["long"]
+
+
+def test_higher_priority_comes_before_shorter():
+    engine = Engine(max_tokens=256)
+    engine.add("short-low", 30, priority=1)
+    engine.add("long-high", 2000, priority=0)
+    assert [s.seq.group.request_id for s in engine.step().prefills] == ["long-high"]
+
+
+def test_a_long_prompt_waits_at_most_the_age_limit_behind_a_stream_of_short_ones():
+    engine = Engine(max_tokens=128, age_limit=1000)
+    engine.add("long", 3000, max_tokens=1)
+    shorts = 0
+    while engine.scheduler.prefill_work < 1000:
+        # A steady stream of short prompts, always enough to fill the step.
+        while len(engine.scheduler.waiting) < 8:
+            engine.add(f"short{shorts}", 40, max_tokens=1)
+            shorts += 1
+        assert engine.chunk_of(engine.step(), "long") == 0
+    while len(engine.scheduler.waiting) < 8:
+        engine.add(f"short{shorts}", 40, max_tokens=1)
+        shorts += 1
+    plan = engine.step()
+    assert plan.prefills[0].seq.group.request_id == "long" and plan.prefills[0].num_tokens == 128
+
+
+def test_steps_are_timed_from_schedule_to_on_step_done():
+    engine = Engine()
+    engine.add("a", 500)
+    engine.add("b", 100)
+    for _ in range(6):
+        engine.step()
+    assert engine.scheduler.step_budget.model.predict(100) == pytest.approx(cpu_step(100))
+
+
+# -- the real engine --------------------------------------------------------------------------------
+
+def test_a_short_request_is_answered_and_keeps_decoding_while_a_long_prompt_prefills(smollm2_tokenizer):
+    from sluice_runtime.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model="smollm2", max_num_batched_tokens=128, num_kv_blocks=128))
+    long_prompt = smollm2_tokenizer.encode("Tell me everything about the history of Rome. " * 60)[:700]
+    short_prompt = smollm2_tokenizer.encode("Name three colors.")
+    engine.add_request("long", long_prompt, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    engine.step()  # the long prompt's first chunk: nothing else was waiting
+    engine.add_request("short", short_prompt, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    token_steps: dict[str, list[int]] = {"long": [], "short": []}
+    step = 0
+    while engine.has_unfinished_requests():
+        step += 1
+        for out in engine.step():
+            token_steps[out.request_id] += [step] * len(out.outputs[0].delta_token_ids)
+    long_first = token_steps["long"][0]
+    assert len(token_steps["short"]) == 6 and len(token_steps["long"]) == 2
+    # The short request's first token came while the long prompt was still prefilling, and it
+    # got a token in every step after that until it finished or the long prompt was done.
+    assert token_steps["short"][0] < long_first
+    during = [s for s in token_steps["short"] if s <= long_first]
+    assert during == list(range(token_steps["short"][0], token_steps["short"][0] + len(during)))
+    assert len(during) >= 3
