@@ -85,6 +85,13 @@ def test_probes_and_the_scraper_paths_stay_open(guarded):
     assert httpx.get(f"{guarded.url}/load").json()["running"] == 0
 
 
+def test_refusals_are_logged(guarded):
+    httpx.get(f"{guarded.url}/v1/models", headers={"x-request-id": "no-key-1"})
+    httpx.get(f"{guarded.url}/health")  # a request after it: the first one's log line is written by then
+    line = next(r for r in reversed(guarded.request_log()) if r.get("client_request_id") == "no-key-1")
+    assert line["status"] == 401 and line["error_code"] == "invalid_api_key"
+
+
 def test_a_rotated_credential_takes_effect_without_a_restart(guarded, key_file):
     key_file.write_text("rt-credential-rotated\n")
     try:

@@ -4,6 +4,7 @@ Bodies start valid (so they reach the engine, the grammar and the streaming code
 to three fields replaced by arbitrary JSON or removed; raw byte bodies cover the parser. Generation
 stays cheap: max_tokens is never dropped, and any value that would be accepted is at most 4.
 """
+import copy
 import json
 
 import httpx
@@ -144,3 +145,91 @@ def test_other_endpoints_never_5xx(http, path, data):
        content_type=st.sampled_from(["application/json", "text/plain", "application/x-www-form-urlencoded", ""]))
 def test_raw_bodies_never_5xx(http, path, content, content_type):
     check(http, path, content, content_type)
+
+
+# --- input that must be refused whatever else the body holds -------------------------------------------------
+
+lone_surrogate = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+VALID = {"/v1/chat/completions": chat_valid, "/v1/completions": completion_valid, "/v1/embeddings": embedding_valid,
+         "/tokenize": tokenize_valid, "/detokenize": detokenize_valid}
+BOOLEANS = {"/v1/chat/completions": ["stream", "logprobs", "ignore_eos", "skip_special_tokens",
+                                     "include_stop_str_in_output", "parallel_tool_calls"],
+            "/v1/completions": ["stream", "echo", "ignore_eos", "skip_special_tokens"],
+            "/tokenize": ["add_special_tokens", "add_generation_prompt"]}
+INTEGERS = {"/v1/chat/completions": ["n", "max_tokens", "max_completion_tokens", "top_logprobs", "seed", "top_k",
+                                     "priority", "min_tokens"],
+            "/v1/completions": ["n", "max_tokens", "logprobs", "best_of", "seed", "priority", "min_tokens"]}
+# Bodies with nothing else wrong, so the error is about the field under test.
+BASE = {"/v1/chat/completions": {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        "/v1/completions": {"model": "smollm2", "prompt": "hi", "max_tokens": 2},
+        "/tokenize": {"prompt": "hi"}}
+not_a_boolean = st.integers(-2, 2) | st.floats(allow_nan=False) | st.sampled_from(["true", "false", "yes", "1", ""])
+not_an_integer = (st.floats(-5, 5).filter(lambda v: v == int(v)) | st.booleans()
+                  | st.integers(1, 4).map(str) | st.sampled_from(["1", "2.0", "16"]))
+
+
+def text_leaves(value, path=()):
+    """Paths to every string in a JSON value (keys excluded)."""
+    if isinstance(value, str):
+        yield path
+    elif isinstance(value, dict):
+        for key, child in value.items():
+            yield from text_leaves(child, (*path, key))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from text_leaves(child, (*path, index))
+
+
+def error_code(http: httpx.Client, path: str, body) -> dict:
+    content = body if isinstance(body, bytes) else dumps(body)
+    response = http.post(path, content=content, headers={"content-type": "application/json"})
+    assert response.status_code == 400, (path, response.text[:300])
+    return response.json()["error"]
+
+
+@settings(FUZZ, max_examples=40)
+@given(path=st.sampled_from(sorted(VALID)), data=st.data())
+def test_a_lone_surrogate_anywhere_is_400(http, path, data):
+    body = copy.deepcopy(data.draw(VALID[path]))  # strategies share their st.just() values
+    body.setdefault("model", "smollm2")
+    leaves = list(text_leaves(body))
+    where = data.draw(st.sampled_from(leaves))
+    parent = body
+    for key in where[:-1]:
+        parent = parent[key]
+    text = parent[where[-1]]
+    cut = data.draw(st.integers(0, len(text)))
+    parent[where[-1]] = text[:cut] + data.draw(lone_surrogate) + text[cut:]
+    assert error_code(http, path, body)["code"] == "invalid_unicode"
+
+
+@settings(FUZZ, max_examples=40)
+@given(path=st.sampled_from(sorted(VALID)), data=st.data(), depth=st.integers(1, 3000),
+       key=st.sampled_from(["extra", "messages", "prompt", "input", "tokens", "tools", "response_format", "stop"]))
+def test_nesting_past_the_bound_is_400_and_within_it_never_5xx(http, path, data, depth, key):
+    body = data.draw(VALID[path])
+    body.pop(key, None)
+    # Written as text: Python's own json would hit its recursion limit on the deeper ones.
+    content = dumps(body)[:-1] + b", " * bool(body) + b'"%s": %s%s}' % (key.encode(), b"[" * depth, b"]" * depth)
+    if 1 + depth > 64:
+        assert error_code(http, path, content)["code"] == "json_too_deep"
+    else:
+        check(http, path, content)
+
+
+@settings(FUZZ, max_examples=40)
+@given(path=st.sampled_from(sorted(BOOLEANS)), data=st.data())
+def test_a_boolean_is_only_true_or_false(http, path, data):
+    body = dict(BASE[path])
+    field = data.draw(st.sampled_from(BOOLEANS[path]))
+    body[field] = data.draw(not_a_boolean)
+    assert error_code(http, path, body)["param"] == field
+
+
+@settings(FUZZ, max_examples=40)
+@given(path=st.sampled_from(sorted(INTEGERS)), data=st.data())
+def test_an_integer_is_never_a_string_a_float_or_a_boolean(http, path, data):
+    body = dict(BASE[path])
+    field = data.draw(st.sampled_from(INTEGERS[path]))
+    body[field] = data.draw(not_an_integer)
+    assert error_code(http, path, body)["param"] == field

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from sluice_contracts.request_cost import RequestCost
 from sluice_runtime.engine.sampling_params import SamplingParams
 
+from . import json_limits
 from .capabilities import ModelCapabilities
 from .chat_template import ChatTemplate
 from .errors import APIError, invalid_request, model_not_found
@@ -188,7 +189,7 @@ class RequestNormalizer:
                 if text is None and not message.tool_calls:
                     raise invalid_request(f"{where}: an assistant message needs content or tool_calls.",
                                           param=f"{where}.content")
-                out.append(self._assistant_turn(text, message))
+                out.append(self._assistant_turn(text, message, where))
                 if message.tool_calls:
                     open_calls = {c.id for c in message.tool_calls if c.id}
                 continue
@@ -199,14 +200,16 @@ class RequestNormalizer:
             out.append({"role": "system" if message.role == "developer" else message.role, "content": text})
         return out
 
-    def _assistant_turn(self, text: str | None, message: ChatMessage) -> dict:
+    def _assistant_turn(self, text: str | None, message: ChatMessage, where: str) -> dict:
         calls = message.tool_calls or []
+        arguments = [_arguments(c.function.arguments, f"{where}.tool_calls[{j}].function.arguments")
+                     for j, c in enumerate(calls)]
         if self._template.renders_tools and calls:
             return {"role": "assistant", "content": text or "",
                     "tool_calls": [{"type": "function", "id": c.id,
-                                    "function": {"name": c.function.name,
-                                                 "arguments": _json_or_str(c.function.arguments)}} for c in calls]}
-        parts = ([text] if text else []) + [render_call(c.function.name, c.function.arguments) for c in calls]
+                                    "function": {"name": c.function.name, "arguments": args}}
+                                   for c, args in zip(calls, arguments)]}
+        parts = ([text] if text else []) + [render_call(c.function.name, args) for c, args in zip(calls, arguments)]
         return {"role": "assistant", "content": "\n".join(parts)}
 
     def _text(self, message: ChatMessage, index: int) -> str | None:
@@ -369,8 +372,11 @@ class RequestNormalizer:
         return bool(body.stream and body.stream_options and body.stream_options.include_usage)
 
 
-def _json_or_str(text: str):
+def _arguments(text: str, param: str):
+    """A call's arguments as sent back to the model: parsed when they are JSON, else the text as it is."""
     try:
-        return json.loads(text)
+        return json_limits.loads(text) if text else {}
     except json.JSONDecodeError:
         return text
+    except json_limits.UnsafeJSON as exc:
+        raise invalid_request(f"{param}: {exc}", param=param, code=exc.code) from None

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sluice_contracts.request_cost import Endpoint, InvalidCostField, RequestCost, read_request_cost
 
+from . import json_limits
 from .errors import invalid_request, validation_error
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -32,9 +33,16 @@ async def read_json(request: Request) -> dict:
 
 def parse_json(raw: bytes) -> dict:
     try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise invalid_request(f"The request body is not UTF-8 text: {exc.reason} at byte {exc.start}.",
+                              code="invalid_json") from None
+    try:
+        payload = json_limits.loads(text)
+    except json.JSONDecodeError as exc:
         raise invalid_request(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    except json_limits.UnsafeJSON as exc:
+        raise invalid_request(str(exc), param=exc.path, code=exc.code) from None
     if not isinstance(payload, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_json")
     return payload

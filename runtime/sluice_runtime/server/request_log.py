@@ -33,4 +33,11 @@ class RequestRecord:
 
     def emit(self) -> None:
         fields = {k: v for k, v in asdict(self).items() if v is not None and v != []}
-        log.info(json.dumps(fields, ensure_ascii=False, default=str))
+        line = json.dumps(fields, ensure_ascii=False, default=str)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            # Text no encoder takes (a lone surrogate) would make the log handler drop the line with a
+            # traceback; escaped, every character stays in a line that is still JSON.
+            line = json.dumps(fields, default=str)
+        log.info(line)

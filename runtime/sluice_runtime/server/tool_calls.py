@@ -21,6 +21,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from . import json_limits
 from .protocol import Tool
 
 CALL_OPEN = "<tool_call>"
@@ -52,13 +53,10 @@ def tools_system_prompt(tools: list[Tool]) -> str:
     )
 
 
-def render_call(name: str, arguments: str) -> str:
-    """An earlier assistant call, written back the way the model is asked to write it."""
-    try:
-        parsed = json.loads(arguments) if arguments else {}
-    except json.JSONDecodeError:
-        parsed = arguments
-    body = json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False)
+def render_call(name: str, arguments) -> str:
+    """An earlier assistant call, written back the way the model is asked to write it; `arguments` is the
+    parsed JSON (or the text, where it was not JSON)."""
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
 
 
@@ -70,17 +68,18 @@ class ParsedCall:
 
 
 def _parse_call(body: str, known: set[str]) -> ParsedCall | None:
+    """The call `body` holds, or None; model output nested past json_limits is no call (and cannot crash us)."""
     try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
+        value = json_limits.loads(body)
+    except (json.JSONDecodeError, json_limits.UnsafeJSON):
         return None
     if not isinstance(value, dict) or value.get("name") not in known:
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = json_limits.loads(arguments)
+        except (json.JSONDecodeError, json_limits.UnsafeJSON):
             return None
     if not isinstance(arguments, dict):
         return None
