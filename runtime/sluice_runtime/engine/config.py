@@ -59,8 +59,8 @@ class EngineConfig:
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
-    # While requests decode, a step carrying prefill takes at most this long: "auto" (1.5x the
-    # decode-only step, at least 5 fixed step costs; engine/step_budget.py), "off", or milliseconds.
+    # While requests decode, a step carrying prefill takes at most this long: "auto" (twice the
+    # decode-only step at the current batch; engine/step_budget.py), "off", or milliseconds.
     target_itl_ms: str | float = "auto"
     max_waiting: int = 1024
     enable_prefix_caching: bool = True
@@ -120,7 +120,7 @@ class EngineConfig:
         group.add_argument("--max-num-batched-tokens", type=int, default=1024, help="token budget of one engine step")
         group.add_argument("--target-itl-ms", default="auto",
                            help="while requests decode, a step carrying prompt chunks takes at most this long: auto "
-                                "(1.5x the decode-only step, measured as the engine runs), off (token budget only), "
+                                "(twice the decode-only step, measured as the engine runs), off (token budget only), "
                                 "or milliseconds")
         group.add_argument("--max-waiting", type=int, default=1024, help="queued requests before new ones are refused as overloaded")
         group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",

@@ -6,24 +6,22 @@ cost per token (on a CPU most of a step is the linear layers, linear in tokens; 
 it is fixed), fitted to the recent steps the scheduler timed. The chunk is then the most tokens
 that keep the step within the target inter-token latency:
 
-- auto (the default): a step with prefill takes at most 1.5x the decode-only step at the current
-  batch, so streams slow at most that much while prompts prefill, but always at least 5 fixed
-  costs, so a chunk amortizes the step's fixed cost (at least 80 % of a step is token work, which
-  keeps the throughput of a prompt-heavy mix close to unbudgeted steps);
+- auto (the default): twice the decode-only step at the current batch, so a stream's tokens come
+  at most half as fast while prompts prefill beside it;
 - a number of milliseconds: that target, whatever the batch;
 - off: only the token budget (--max-num-batched-tokens), which always caps the chunk.
 
 With no decode running there is nothing to protect and the chunk is the whole token budget. A
 chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a target that the
-decodes alone already exceed.
+decodes alone already exceed. The price is throughput where a step's fixed cost is large: a
+chunk that must fit beside a few decodes cannot amortize it (engine bench, short-under-long mix).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 AUTO, OFF = "auto", "off"
-AUTO_DECODE_FACTOR = 1.5
-AUTO_MIN_FIXED_COSTS = 5
+AUTO_DECODE_FACTOR = 2.0
 MIN_CHUNK = 16
 # Weight of the step before each new one in the fit: about the last 20 steps count.
 DECAY = 0.95
@@ -87,9 +85,6 @@ class StepBudget:
         if self.target_itl == OFF or num_decodes == 0 or not self.model.fitted:
             return room
         fixed, per_token = self.model.coefficients()
-        if self.target_itl == AUTO:
-            target = max(AUTO_DECODE_FACTOR * self.model.predict(num_decodes), AUTO_MIN_FIXED_COSTS * fixed)
-        else:
-            target = float(self.target_itl)
+        target = AUTO_DECODE_FACTOR * self.model.predict(num_decodes) if self.target_itl == AUTO else self.target_itl
         fits = int((target - fixed) / per_token) - num_decodes
         return max(0, min(room, max(MIN_CHUNK, fits)))
