@@ -7,6 +7,7 @@ import logging
 import socket
 import sys
 
+from sluice_runtime import writable_dirs
 from sluice_runtime.engine.config import EngineConfig
 from sluice_runtime.server.settings import ServerSettings
 
@@ -97,7 +98,12 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         settings = ServerSettings.from_cli_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    # Heavy imports only once the arguments are known to be good, so --help and mistakes answer fast.
+    try:
+        writable_dirs.prepare()
+    except writable_dirs.UnwritableDir as exc:
+        print(f"sluice-runtime: error: {exc}", file=sys.stderr)
+        return 1
+    # Heavy imports only once the arguments and directories are known to be good, so mistakes answer fast.
     import uvicorn
 
     from sluice_runtime.engine.async_engine import AsyncEngine
