@@ -449,6 +449,8 @@ def test_8_delete_and_uninstall_leave_nothing_behind(stack, record_property):
     started = time.monotonic()
     seen = {p["metadata"]["name"] for p in stack.pods("sluice.dev/launch=true")}
     stack.kubectl("delete", "-k", str(OVERLAY), "--ignore-not-found", "--wait=true", "--timeout=120s", timeout=150)
+    # What a scenario that failed half-way left (a canary, its route) goes the same way.
+    stack.kubectl("delete", "inferencemodels,modelroutes", "--all", "--wait=true", "--timeout=120s", timeout=150)
     wait_for(lambda: not stack.model_pods("smollm2"), timeout=90, what="the runtime pods to go")
     wait_for(lambda: stack.get("configmap", ROUTING_TABLE) is None, timeout=30, what="the routing table to go")
     stack.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
