@@ -80,6 +80,7 @@ def test_1_helm_install(stack, record_property):
     # Rendered empty by the chart, filled by the operator (the gateway's pod waited for it).
     credential = stack.get("secret", runtime_credential.secret_name(RELEASE))
     assert len(credential["data"][runtime_credential.SECRET_KEY]) >= 40
+    assert credential["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", "still the release's"
     (operator,) = stack.pods("app.kubernetes.io/component=operator")
     gateway = stack.gateway_pod()
     assert ready(operator) and ready(gateway)

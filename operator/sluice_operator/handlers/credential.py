@@ -12,7 +12,6 @@ import secrets
 from kubernetes.client.rest import ApiException
 
 from ..builders import build_credential_source, read_credential
-from ..builders.release import release_labels
 from .routing import request_compile
 from .state import OperatorState
 
@@ -35,9 +34,10 @@ async def ensure_source(state: OperatorState) -> str:
                 # replicas racing here both follow the Secret afterwards and settle on the last value.
                 await kube.apply(source)
             else:
+                # The chart's empty Secret: only its key is filled; its labels stay Helm's.
                 await kube.patch_secret_if_unchanged(
                     release.namespace, release.credential_secret, secret["metadata"]["resourceVersion"],
-                    {"data": source["data"], "metadata": {"labels": release_labels(release)}},
+                    {"data": source["data"]},
                 )
         except ApiException as exc:
             if exc.status == 409:
