@@ -64,6 +64,28 @@ class Runtime:
         self.lifecycle.warmed_up = True
         log.info("warm-up done; chat template version %s", self.template.version)
 
+    async def generate(self, request: Request, endpoint: str) -> Response:
+        """A /v1/chat/completions or /v1/completions request, from its body to its response or stream."""
+        schema, normalize, serving = ((ChatCompletionRequest, self.normalizer.chat, self.chat) if endpoint == "chat"
+                                      else (CompletionRequest, self.normalizer.completion, self.completions))
+        payload = await read_json(request)
+        body = validated(schema, payload)
+        record = self.record(request, body.model, body.stream)
+        cost = request_cost(payload, endpoint)
+        greq = await off_loop_if_large(request, normalize, body, cost, request.state.request_id)
+        self._describe(record, greq)
+        self.metrics.in_flight.inc()
+        try:
+            return await serving.respond(greq, request.receive, record)
+        finally:
+            self.metrics.in_flight.dec()
+
+    def _describe(self, record, greq) -> None:
+        record.sampling = {k: v for k, v in vars(greq.params).items() if k != "constraint"}
+        record.sampling["response_format"] = greq.response_format
+        if self.settings.log_prompts:
+            record.prompt = "\n".join(t for t in greq.prompt_texts if t is not None)
+
     def record(self, request: Request, model: str | None, stream: bool | None = None):
         record = request.state.record
         record.model = model
@@ -88,40 +110,14 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
                        lifecycle=rt.lifecycle, metrics=rt.metrics, credential=settings.credential)
 
-    def describe(record, greq) -> None:
-        record.sampling = {k: v for k, v in vars(greq.params).items() if k != "constraint"}
-        record.sampling["response_format"] = greq.response_format
-        if settings.log_prompts:
-            record.prompt = "\n".join(t for t in greq.prompt_texts if t is not None)
-
     # Bodies are read by request_body rather than by FastAPI: the cost fields are read from the raw JSON.
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        payload = await read_json(request)
-        body = validated(ChatCompletionRequest, payload)
-        record = rt.record(request, body.model, body.stream)
-        cost = request_cost(payload, "chat")
-        greq = await off_loop_if_large(request, rt.normalizer.chat, body, cost, request.state.request_id)
-        describe(record, greq)
-        rt.metrics.in_flight.inc()
-        try:
-            return await rt.chat.respond(greq, request.receive, record)
-        finally:
-            rt.metrics.in_flight.dec()
+        return await rt.generate(request, "chat")
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        payload = await read_json(request)
-        body = validated(CompletionRequest, payload)
-        record = rt.record(request, body.model, body.stream)
-        cost = request_cost(payload, "completion")
-        greq = await off_loop_if_large(request, rt.normalizer.completion, body, cost, request.state.request_id)
-        describe(record, greq)
-        rt.metrics.in_flight.inc()
-        try:
-            return await rt.completions.respond(greq, request.receive, record)
-        finally:
-            rt.metrics.in_flight.dec()
+        return await rt.generate(request, "completion")
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse)
     async def embeddings(request: Request):
@@ -144,6 +140,13 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
         data = [EmbeddingData(index=i, embedding=_encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
         return EmbeddingResponse(data=data, model=body.model, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
 
+    _add_model_routes(app, rt)
+    _add_operational_routes(app, rt)
+    return app
+
+
+def _add_model_routes(app: FastAPI, rt: Runtime) -> None:
+    """What the model is and how it reads text: its cards, and its tokenizer both ways."""
     @app.get("/v1/models", response_model=ModelList)
     async def models():
         return ModelList(data=[_card(rt, name) for name in rt.served_names])
@@ -168,6 +171,9 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
         rt.normalizer.check_token_ids(body.tokens, "tokens")
         return DetokenizeResponse(prompt=rt.tokenizer.decode(body.tokens))
 
+
+def _add_operational_routes(app: FastAPI, rt: Runtime) -> None:
+    """Probes, the scraper's /metrics and the gateway's /load: open without the credential, kept while draining."""
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -179,7 +185,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
             reason = "warming up"
         elif rt.lifecycle.draining:
             reason = "draining"
-        elif not engine.is_running:
+        elif not rt.engine.is_running:
             reason = "engine stopped"
         if reason:
             return JSONResponse({"ready": False, "reason": reason}, status_code=503)
@@ -187,7 +193,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/load")
     async def load():
-        s = engine.stats()
+        s = rt.engine.stats()
         queries, hits = s.prefix_cache_queries, s.prefix_cache_hits
         return {"model": rt.served_names[0], "waiting": s.num_waiting, "running": s.num_running,
                 "kv_cache_usage": s.kv_cache_usage, "block_size": s.block_size, "num_kv_blocks": s.num_kv_blocks,
@@ -197,8 +203,6 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    return app
 
 
 def _card(rt: Runtime, name: str) -> ModelCard:

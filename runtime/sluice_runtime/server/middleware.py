@@ -38,15 +38,9 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        # The client's id is echoed and logged, never used inside: two requests sending one id must not meet
-        # in the engine, where a request id names the request to stream to and to abort.
-        request_id = f"req-{uuid.uuid4().hex}"
-        client_id = headers.get("x-request-id", "")
-        client_id = client_id if _CLIENT_ID.match(client_id) else None
-        echoed = (client_id or request_id).encode()
-        path = scope["path"]
-        record = RequestRecord(request_id=request_id, client_request_id=client_id, method=scope["method"],
-                               path=path)
+        record = _new_record(scope, headers)
+        request_id, path = record.request_id, record.path
+        echoed = (record.client_request_id or request_id).encode()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         state["record"] = record
@@ -73,14 +67,10 @@ class RequestContextMiddleware:
                     raise _BodyTooLarge()
             return message
 
-        refusal = self._credential.refusal(path, scope["headers"]) if self._credential else None
+        refusal = self._refusal(scope, headers)
         try:
             if refusal is not None:
-                await self._send_error(unauthorized(refusal), record, scope, receive, send_with_id)
-            elif self._lifecycle.draining and path not in _OPERATIONAL_PATHS:
-                await self._send_error(shutting_down(), record, scope, receive, send_with_id)
-            elif _int(headers.get("content-length")) > self._max_body:
-                await self._send_error(self._too_large(), record, scope, receive, send_with_id)
+                await self._send_error(refusal, record, scope, receive, send_with_id)
             else:
                 await self.app(scope, counting_receive, send_with_id)
         except ClientStalled:
@@ -106,6 +96,18 @@ class RequestContextMiddleware:
                 self._metrics.observe_http(_endpoint(path), record.status or 0)
                 record.emit()
 
+    def _refusal(self, scope, headers: dict[str, str]) -> APIError | None:
+        """What a request is answered with before it reaches a route, if anything."""
+        path = scope["path"]
+        missing_credential = self._credential.refusal(path, scope["headers"]) if self._credential else None
+        if missing_credential is not None:
+            return unauthorized(missing_credential)
+        if self._lifecycle.draining and path not in _OPERATIONAL_PATHS:
+            return shutting_down()
+        if _int(headers.get("content-length")) > self._max_body:
+            return self._too_large()
+        return None
+
     def _too_large(self) -> APIError:
         return APIError(413, f"The request body is larger than the server's limit of {self._max_body} bytes.",
                         code="request_too_large")
@@ -114,6 +116,15 @@ class RequestContextMiddleware:
     async def _send_error(err: APIError, record: RequestRecord, scope, receive, send) -> None:
         record.error_code = err.code
         await err.response()(scope, receive, send)
+
+
+def _new_record(scope, headers: dict[str, str]) -> RequestRecord:
+    """The request's log record, named by a new unique id. The client's x-request-id is kept beside it (and
+    echoed), never used inside: two requests sending one id must not meet in the engine, where an id names
+    the request to stream to and to abort."""
+    client_id = headers.get("x-request-id", "")
+    return RequestRecord(request_id=f"req-{uuid.uuid4().hex}", method=scope["method"], path=scope["path"],
+                         client_request_id=client_id if _CLIENT_ID.match(client_id) else None)
 
 
 def _int(value: str | None) -> int:
