@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from ..config import Limits, RedisSettings
 from .base import WINDOW_S, Decision, Grant, Limiter, LimiterUnavailable, Usage, rejection, still_to_charge, unlimited
@@ -158,6 +159,8 @@ return 0
 
 _VERDICTS = {1: "requests", 2: "tokens", 3: "concurrency"}
 _RETRY_EVERY_S = 1.0
+# Hand-backs kept for retrying while Redis is away; past this, the leases' deadlines free the rest.
+_MAX_UNRELEASED = 10_000
 
 
 class RedisLimiter(Limiter):
@@ -197,8 +200,9 @@ class RedisLimiter(Limiter):
                                  int(self._lease_ttl_s * 1000)],
             )
         except (RedisError, OSError) as exc:
-            # The script may have run and only its answer been lost: release the lease whatever happened.
-            self._release_later(tenant, lease, 0, tombstone=True)
+            if isinstance(exc, (RedisTimeout, TimeoutError)):
+                # The script may have run and only its answer been lost: release the lease whatever happened.
+                self._release_later(tenant, lease, 0, tombstone=True)
             if not self._fail_open:
                 raise LimiterUnavailable(f"rate-limit store unreachable: {type(exc).__name__}") from None
             log.warning("redis unreachable, admitting tenant %s without limits (on_failure: open)", tenant)
@@ -247,6 +251,8 @@ class RedisLimiter(Limiter):
         return [keys[1], keys[3], keys[4], keys[2], keys[5]], [WINDOW_S, lease, tokens, ttl_ms]
 
     def _release_later(self, tenant: str, lease: str, tokens: int, *, tombstone: bool) -> None:
+        if len(self._unreleased) >= _MAX_UNRELEASED:
+            return
         keys, args = self._finish_call(tenant, lease, tokens, tombstone=tombstone)
         self._unreleased[lease] = (keys, args, time.monotonic() + self._lease_ttl_s)
         if self._retrier is None or self._retrier.done():
