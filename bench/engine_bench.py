@@ -1,15 +1,25 @@
-"""Engine throughput on this CPU versus transformers, all measured in one run.
+"""Engine throughput on this CPU versus transformers, and short requests beside long prompts, each measured in one run.
 
-64 requests, prompt lengths uniform in [32, 512], 128 output tokens each (ignore_eos), SmolLM2
-in bfloat16 (--dtype). Rows: Sluice's engine at concurrency 1, 8, 32, 64 (a client keeps that many requests in
-flight); transformers `generate` one request at a time; transformers' continuous batching
+--mix throughput (default): 64 requests, prompt lengths uniform in [32, 512], 128 output tokens
+each (ignore_eos), SmolLM2 in --dtype (auto: what the engine picks on this machine). Rows:
+Sluice's engine at concurrency 1, 8, 32, 64 (a client keeps that many requests in flight);
+transformers `generate` one request at a time; transformers' continuous batching
 (`generate_batch`). Sequential rows run a prefix of the requests to stay bounded; tokens/s is
 comparable across rows. Writes bench/results/engine.json and engine.png.
+
+--mix short-under-long: 28 short chats (50-200 prompt tokens) and 4 long prompts (2,000 tokens),
+64 output tokens each, all sent at once (the long ones first), with the step-time budget on
+(--target-itl-ms auto) and off; the short chats alone with each as the baseline. Reports the short
+requests' TTFT p50/p99 and ITL p99, the mix's output tokens/s and the idle decode step (median
+decode-only step of the short chats alone), with the ratios the budget aims at. Writes
+bench/results/engine_short_under_long.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import random
 import time
 from pathlib import Path
@@ -111,6 +121,7 @@ def run_hf_generate_batch(model, prompts, output_len: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mix", choices=["throughput", "short-under-long"], default="throughput")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--sequential-requests", type=int, default=6,
                         help="requests for the one-at-a-time rows (concurrency 1 and transformers generate)")
@@ -118,17 +129,29 @@ def main() -> None:
     parser.add_argument("--min-prompt", type=int, default=32)
     parser.add_argument("--max-prompt", type=int, default=512)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    parser.add_argument("--dtype", default="bfloat16", help="weights and KV cache, for every row alike")
+    parser.add_argument("--dtype", default="auto", help="weights and KV cache, for every row alike (auto: the engine's "
+                                                        "choice on this machine)")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's, one per core); 1 steadies figures on a shared machine")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.mix == "short-under-long":
+        short_under_long(args.dtype, args.seed)
+    else:
+        throughput(args)
 
+
+def throughput(args: argparse.Namespace) -> None:
     engine = LLMEngine(EngineConfig(model="smollm2", dtype=args.dtype, max_num_seqs=64,
                                     max_num_batched_tokens=1024, kv_cache_memory=2 << 30))
+    dtype = engine.runner.dtype
     prompts = make_prompts(args.requests, args.min_prompt, args.max_prompt, engine.runner.cfg.vocab_size, args.seed)
     params_total = engine.runner.num_parameters
     embedding = engine.runner.model.embed_tokens.weight.numel()
-    gflops = matmul_gflops(getattr(torch, args.dtype))
+    gflops = matmul_gflops(dtype)
     # FLOPs of the whole mix (DESIGN.md, Benchmarks): prompt tokens skip the LM head, generated ones do not.
     prompt_tokens = sum(len(p) for p in prompts)
     output_tokens = args.requests * args.output_len
@@ -148,7 +171,7 @@ def main() -> None:
 
         from sluice_runtime.models.loading import resolve_model
 
-        model = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2")), dtype=getattr(torch, args.dtype))
+        model = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2")), dtype=dtype)
         model.eval()
         rows["transformers generate (sequential)"] = run_hf_sequential(
             model, prompts[: args.sequential_requests], args.output_len)
@@ -159,7 +182,7 @@ def main() -> None:
             rows["transformers generate_batch"] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"hf generate_batch: {rows['transformers generate_batch']}", flush=True)
 
-    print(f"\nmatmul {args.dtype}: {gflops:.1f} GFLOP/s; mix roofline {roofline_tok_s:.1f} output tok/s "
+    print(f"\nmatmul {str(dtype)[6:]}: {gflops:.1f} GFLOP/s; mix roofline {roofline_tok_s:.1f} output tok/s "
           f"(decode-only limit {decode_only_limit:.1f}); prompts {prompt_tokens} tokens, outputs {output_tokens}")
     seq = rows.get("transformers generate (sequential)", {}).get("output_tok_s")
     batch = rows.get("transformers generate_batch", {}).get("output_tok_s")
@@ -175,10 +198,113 @@ def main() -> None:
               f"{tps / seq if seq else float('nan'):>7.1f} {tps / batch if batch else float('nan'):>8.1f} "
               f"{tps / roofline_tok_s:>9.1%}")
     RESULTS.mkdir(exist_ok=True)
-    summary = {"matmul_gflops": gflops, "roofline_output_tok_s": roofline_tok_s, "dtype": args.dtype,
+    summary = {"matmul_gflops": gflops, "roofline_output_tok_s": roofline_tok_s, "dtype": str(dtype)[6:],
                "parameters": params_total, "rows": rows, "torch_threads": torch.get_num_threads()}
     (RESULTS / "engine.json").write_text(json.dumps(summary, indent=2))
     _plot(rows, roofline_tok_s)
+
+
+# The short-under-long mix: what a chat service sees when a few long documents arrive with its chats.
+SHORT_CHATS, SHORT_PROMPT, LONG_PROMPTS, LONG_PROMPT, MIX_OUTPUT = 28, (50, 200), 4, 2000, 64
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def run_at_once(engine: LLMEngine, prompts: dict[str, list[int]], output_len: int) -> dict:
+    """Sends every prompt at once (in the dict's order) and steps until all finish. Returns each
+    request's token arrival times, the durations of the steps that carried no prompt chunk, the
+    wall time and the load average around the run."""
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0)
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    for request_id, prompt in prompts.items():
+        engine.add_request(request_id, prompt, params)
+    arrivals: dict[str, list[float]] = {request_id: [] for request_id in prompts}
+    decode_steps = []
+    while engine.has_unfinished_requests():
+        decode_only = (engine.stats().num_waiting == 0
+                       and not any(s.is_prefilling for s in engine.scheduler.running))
+        step_start = time.perf_counter()
+        outputs = engine.step()
+        now = time.perf_counter()
+        if decode_only and outputs:
+            decode_steps.append(now - step_start)
+        for out in outputs:
+            arrivals[out.request_id] += [now - start] * len(out.outputs[0].delta_token_ids)
+    return {"arrivals": arrivals, "decode_steps": decode_steps, "seconds": time.perf_counter() - start,
+            "load_average": (load_before, os.getloadavg()[0])}
+
+
+def short_figures(run: dict, shorts: list[str]) -> dict:
+    ttfts = [run["arrivals"][r][0] for r in shorts]
+    gaps = [later - earlier for r in shorts for earlier, later in zip(run["arrivals"][r], run["arrivals"][r][1:])]
+    tokens = sum(len(a) for a in run["arrivals"].values())
+    return {"short_ttft_p50_s": percentile(ttfts, 50), "short_ttft_p99_s": percentile(ttfts, 99),
+            "short_itl_p50_s": percentile(gaps, 50), "short_itl_p99_s": percentile(gaps, 99),
+            "output_tokens": tokens, "seconds": run["seconds"], "output_tok_s": tokens / run["seconds"],
+            "idle_decode_step_s": percentile(run["decode_steps"], 50) if run["decode_steps"] else None,
+            "load_average": run["load_average"]}
+
+
+def short_under_long(dtype: str, seed: int) -> None:
+    rng = random.Random(seed)
+    lengths = {**{f"long{i}": LONG_PROMPT for i in range(LONG_PROMPTS)},
+               **{f"short{i}": rng.randint(*SHORT_PROMPT) for i in range(SHORT_CHATS)}}
+
+    def fresh(tag: str, names: list[str]) -> dict[str, list[int]]:
+        """The same lengths with new tokens for every run: no prefix-cache hits between runs."""
+        tokens = random.Random(f"{seed}-{tag}")
+        return {f"{tag}-{n}": [tokens.randrange(100, 49152) for _ in range(lengths[n])] for n in names}
+
+    shorts = [n for n in lengths if n.startswith("short")]
+    engines = {budget: LLMEngine(EngineConfig(model="smollm2", dtype=dtype, target_itl_ms=budget, max_num_seqs=64,
+                                              max_num_batched_tokens=1024))
+               for budget in ("auto", "off")}
+    for budget, engine in engines.items():  # warm-up, and the budget's first step times
+        run_at_once(engine, fresh(f"warm-{budget}", shorts[:4]), 8)
+    rows: dict[str, dict] = {}
+    # Alternating the budgets, so a change in the machine's load shows in both.
+    for name, names in (("alone", shorts), ("mix", list(lengths))):
+        for budget, engine in engines.items():
+            run = run_at_once(engine, fresh(f"{name}-{budget}", names), MIX_OUTPUT)
+            rows[f"{name}, budget {budget}"] = short_figures(run, [f"{name}-{budget}-{n}" for n in shorts])
+            print(f"{name}, budget {budget}: {rows[f'{name}, budget {budget}']}", flush=True)
+    dtype_name = str(engines["auto"].runner.dtype)[6:]
+    del engines
+
+    header = (f"{'run':22} {'TTFT p50 s':>10} {'TTFT p99 s':>10} {'ITL p50 ms':>10} {'ITL p99 ms':>10} "
+              f"{'tok/s':>7} {'seconds':>8} {'load avg':>11}")
+    print(f"\nshort under long: {SHORT_CHATS} chats of {SHORT_PROMPT[0]}-{SHORT_PROMPT[1]} prompt tokens, "
+          f"{LONG_PROMPTS} prompts of {LONG_PROMPT}, {MIX_OUTPUT} output tokens each, SmolLM2 {dtype_name}, "
+          f"{torch.get_num_threads()} threads")
+    print(header)
+    print("-" * len(header))
+    for name, r in rows.items():
+        print(f"{name:22} {r['short_ttft_p50_s']:>10.2f} {r['short_ttft_p99_s']:>10.2f} "
+              f"{r['short_itl_p50_s'] * 1e3:>10.0f} {r['short_itl_p99_s'] * 1e3:>10.0f} {r['output_tok_s']:>7.1f} "
+              f"{r['seconds']:>8.1f} {r['load_average'][0]:>5.1f}-{r['load_average'][1]:<5.1f}")
+    ratios = {}
+    for budget in ("auto", "off"):
+        alone, mix = rows[f"alone, budget {budget}"], rows[f"mix, budget {budget}"]
+        ratios[budget] = {"ttft_p99_mix_over_alone": mix["short_ttft_p99_s"] / alone["short_ttft_p99_s"],
+                          "itl_p99_mix_over_idle_decode_step": mix["short_itl_p99_s"] / alone["idle_decode_step_s"]}
+    ratios["mix_throughput_on_over_off"] = (rows["mix, budget auto"]["output_tok_s"]
+                                            / rows["mix, budget off"]["output_tok_s"])
+    print(f"\nidle decode step (short chats alone, median decode-only step): "
+          f"budget auto {rows['alone, budget auto']['idle_decode_step_s'] * 1e3:.0f} ms, "
+          f"off {rows['alone, budget off']['idle_decode_step_s'] * 1e3:.0f} ms")
+    for budget in ("auto", "off"):
+        r = ratios[budget]
+        print(f"budget {budget}: short TTFT p99 mix/alone {r['ttft_p99_mix_over_alone']:.2f} (target <= 1.5), "
+              f"short ITL p99 / idle decode step {r['itl_p99_mix_over_idle_decode_step']:.2f} (target <= 2)")
+    print(f"mix throughput budget auto / off: {ratios['mix_throughput_on_over_off']:.2f} (target >= 0.9)")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "engine_short_under_long.json").write_text(json.dumps(
+        {"dtype": dtype_name, "torch_threads": torch.get_num_threads(), "rows": rows, "ratios": ratios}, indent=2))
 
 
 def _plot(rows: dict, roofline: float) -> None:

@@ -15,75 +15,108 @@ from sluice_runtime.engine.config import EngineConfig
 from sluice_runtime.engine.sampling_params import SamplingParams
 from sluice_runtime.engine.scheduler import Scheduler
 from sluice_runtime.engine.sequence import SequenceGroup
-from sluice_runtime.engine.step_budget import AUTO, MIN_CHUNK, OFF, StepBudget, StepTimeModel
+from sluice_runtime.engine.step_budget import AUTO, MIN_CHUNK, OFF, StepBudget, StepTimeModel, chunk_pairs
 
-# A 2-core AVX2 CPU running SmolLM2 in float32, roughly: 80 ms per step plus 7 ms per token.
-FIXED, PER_TOKEN = 0.080, 0.007
-
-
-def cpu_step(tokens: int) -> float:
-    return FIXED + PER_TOKEN * tokens
+# A 2-core AVX2 CPU running SmolLM2 in float32, roughly: 80 ms per step, 7 ms per token, 2 us per
+# attention pair (a query token and a key it reads).
+FIXED, PER_TOKEN, PER_PAIR = 0.080, 0.007, 2e-6
+ANY = 10 ** 9
 
 
-def fitted(*sizes: int) -> StepTimeModel:
+def cpu_step(tokens: int, pairs: int = 0) -> float:
+    return FIXED + PER_TOKEN * tokens + PER_PAIR * pairs
+
+
+def fitted(*steps: int | tuple[int, int]) -> StepTimeModel:
+    """A model that saw steps of these sizes: a token count, or (tokens, attention pairs)."""
     model = StepTimeModel()
-    for n in sizes:
-        model.observe(n, cpu_step(n))
+    for step in steps:
+        tokens, pairs = step if isinstance(step, tuple) else (step, 0)
+        model.observe(tokens, pairs, cpu_step(tokens, pairs))
     return model
 
 
 # -- the step budget ------------------------------------------------------------------------------
 
-def test_the_model_recovers_fixed_and_per_token_cost_from_steps_of_different_sizes():
+def test_the_model_recovers_fixed_per_token_and_per_pair_cost():
+    model = fitted((28, 6000), (28, 6100), (75, 40_000), (28, 7000), (300, 90_000), (1024, 600_000), (60, 200_000))
+    assert model.coefficients() == pytest.approx((FIXED, PER_TOKEN, PER_PAIR))
+    assert model.predict(64, 5000) == pytest.approx(cpu_step(64, 5000))
+
+
+def test_without_attention_pairs_to_tell_apart_the_model_is_fixed_plus_per_token():
     model = fitted(28, 28, 75, 28, 300, 1024, 29)
-    fixed, per_token = model.coefficients()
-    assert fixed == pytest.approx(FIXED) and per_token == pytest.approx(PER_TOKEN)
-    assert model.predict(64) == pytest.approx(cpu_step(64))
+    assert model.coefficients() == pytest.approx((FIXED, PER_TOKEN, 0.0))
 
 
 @pytest.mark.parametrize("decodes", [8, 28, 64])
 def test_auto_keeps_a_step_within_two_decode_steps_at_the_current_batch(decodes):
     budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))
-    chunk = budget.prefill_tokens(decodes)
+    chunk = budget.allowance(decodes, 0).chunk(0, ANY)
     assert MIN_CHUNK <= chunk < 1024 - decodes
     assert cpu_step(decodes + chunk) <= 2 * cpu_step(decodes) < cpu_step(decodes + chunk + 1)
+
+
+def test_a_chunk_deep_into_a_long_prompt_is_smaller_by_what_its_attention_reads():
+    budget = StepBudget(AUTO, 1024, fitted((28, 6000), (75, 40_000), (300, 90_000), (1024, 600_000), (60, 200_000)))
+    decode_pairs = 28 * 200
+    allowance = budget.allowance(28, decode_pairs)
+    shallow, deep = allowance.chunk(0, ANY), allowance.chunk(1900, ANY)
+    assert deep < shallow
+    decode_step = cpu_step(28, decode_pairs)
+    deep_step = cpu_step(28 + deep, decode_pairs + chunk_pairs(1900, deep))
+    assert deep_step <= 2 * decode_step < cpu_step(28 + deep + 1, decode_pairs + chunk_pairs(1900, deep + 1))
+
+
+def test_chunks_share_what_the_step_allows():
+    budget = StepBudget(0.505, 1024, fitted(8, 60, 300))
+    allowance = budget.allowance(8, 0)
+    first = allowance.chunk(0, 30)
+    allowance.spend(0, first)
+    second = allowance.chunk(0, ANY)
+    assert first == 30 and cpu_step(8 + first + second) <= 0.505 < cpu_step(8 + first + second + 1)
 
 
 def test_a_target_in_milliseconds_holds_whatever_the_batch():
     budget = StepBudget(0.505, 1024, fitted(8, 60, 300))
     for decodes in (1, 8, 40):
-        chunk = budget.prefill_tokens(decodes)
+        chunk = budget.allowance(decodes, 0).chunk(0, ANY)
         assert cpu_step(decodes + chunk) <= 0.505 < cpu_step(decodes + chunk + 1)
 
 
 def test_prompts_still_progress_when_the_decodes_alone_exceed_the_target():
-    assert StepBudget(0.1, 1024, fitted(8, 60, 300)).prefill_tokens(40) == MIN_CHUNK
+    allowance = StepBudget(0.1, 1024, fitted(8, 60, 300)).allowance(40, 0)
+    assert allowance.chunk(0, ANY) == MIN_CHUNK
+    allowance.spend(0, MIN_CHUNK)
+    assert allowance.chunk(0, ANY) == 0, "only the step's first chunk is guaranteed"
 
 
 @pytest.mark.parametrize("target", [AUTO, 0.5, OFF])
 def test_the_token_budget_stays_the_upper_bound(target):
     gpu = StepTimeModel()
     for n in (8, 64, 512):
-        gpu.observe(n, 0.02 + 1e-6 * n)  # almost all fixed cost: chunks as large as allowed
-    assert StepBudget(target, 256, gpu).prefill_tokens(10) == 246
-    assert StepBudget(target, 256, fitted(8, 60)).prefill_tokens(256) == 0
+        gpu.observe(n, 0, 0.02 + 1e-6 * n)  # almost all fixed cost: chunks as large as allowed
+    assert StepBudget(target, 256, gpu).allowance(10, 0).chunk(0, ANY) == 246
+    assert StepBudget(target, 256, fitted(8, 60)).allowance(256, 0).chunk(0, ANY) == 0
 
 
 @pytest.mark.parametrize("target", [AUTO, 0.5])
 def test_with_no_decode_or_no_measurement_the_whole_token_budget_goes_to_prefill(target):
-    assert StepBudget(target, 1024, fitted(8, 60)).prefill_tokens(0) == 1024
-    assert StepBudget(target, 1024, StepTimeModel()).prefill_tokens(5) == 1019
+    assert StepBudget(target, 1024, fitted(8, 60)).allowance(0, 0).chunk(0, ANY) == 1024
+    assert StepBudget(target, 1024, StepTimeModel()).allowance(5, 100).chunk(0, ANY) == 1019
 
 
 def test_odd_measurements_never_give_a_negative_or_oversized_chunk():
     model = StepTimeModel()
-    # Noise: the larger step measured faster, then nonsense (no tokens, no time, negative time).
-    for tokens, seconds in [(10, 0.5), (500, 0.1), (0, 3.0), (40, 0.0), (40, -1.0), (40, math.nan)]:
-        model.observe(tokens, seconds)
-    fixed, per_token = model.coefficients()
-    assert fixed >= 0 and per_token > 0
+    # Noise: the larger step measured faster, then nonsense (no tokens, no time, negative, nan, inf).
+    for tokens, pairs, seconds in [(10, 50, 0.5), (500, 9000, 0.1), (0, 0, 3.0), (40, 100, 0.0), (40, 100, -1.0),
+                                   (40, 100, math.nan), (40, 100, math.inf), (90, 10**7, 0.3)]:
+        model.observe(tokens, pairs, seconds)
+    fixed, per_token, per_pair = model.coefficients()
+    assert fixed >= 0 and per_token > 0 and per_pair >= 0
     for decodes in (1, 30, 1000):
-        assert 0 <= StepBudget(AUTO, 1024, model).prefill_tokens(decodes) <= max(0, 1024 - decodes)
+        chunk = StepBudget(AUTO, 1024, model).allowance(decodes, 10**6).chunk(5000, ANY)
+        assert 0 <= chunk <= max(0, 1024 - decodes)
 
 
 @pytest.mark.parametrize("value,expected", [("auto", AUTO), (" OFF ", OFF), ("250", 0.25), (250, 0.25), (0.5, 0.0005)])
@@ -128,7 +161,8 @@ class Engine:
     def step(self):
         plan = self.scheduler.schedule()
         self.steps += 1
-        self.clock.now += cpu_step(plan.num_tokens)
+        self.last_decode_step = cpu_step(len(plan.decodes), sum(s.attention_pairs for s in plan.decodes))
+        self.clock.now += cpu_step(plan.num_tokens, sum(s.attention_pairs for s in plan.scheduled))
         sampled = [s.seq for s in plan.scheduled if s.samples]
         self.scheduler.on_step_done(plan)
         for seq in sampled:
@@ -149,16 +183,16 @@ def test_a_long_prompt_prefills_over_many_steps_while_short_requests_keep_decodi
     while len(engine.first_token_step) < 28:
         engine.step()
     engine.add("long", 2000)
-    idle_decode = cpu_step(28)
-    long_steps = 0
+    long_chunks = []
     while "long" not in engine.first_token_step:
         plan = engine.step()
         # Every short request got its token this step, and the step stayed within the target.
         assert len(plan.decodes) == 28
-        assert engine.clock.now - engine.scheduler._step_started <= 2 * idle_decode * 1.001
-        long_steps += 1
-    assert long_steps > 20, "the long prompt should have been cut into many small chunks"
-    assert engine.scheduler.step_budget.model.coefficients() == pytest.approx((FIXED, PER_TOKEN))
+        assert engine.clock.now - engine.scheduler._step_started <= 2 * engine.last_decode_step * 1.001
+        long_chunks.append(engine.chunk_of(plan, "long"))
+    assert len(long_chunks) > 20, "the long prompt should have been cut into many small chunks"
+    assert long_chunks[-1] < long_chunks[0], "chunks deep into the prompt read more keys, so they are smaller"
+    assert engine.scheduler.step_budget.model.coefficients() == pytest.approx((FIXED, PER_TOKEN, PER_PAIR))
 
 
 def test_with_the_budget_off_each_step_fills_the_token_budget():
@@ -219,12 +253,12 @@ def test_a_long_prompt_waits_at_most_the_age_limit_behind_a_stream_of_short_ones
 
 
 def test_steps_are_timed_from_schedule_to_on_step_done():
-    engine = Engine()
-    engine.add("a", 500)
-    engine.add("b", 100)
-    for _ in range(6):
+    engine = Engine(max_tokens=256)
+    for name, length in (("a", 500), ("b", 100), ("c", 37), ("d", 230), ("e", 900)):
+        engine.add(name, length)
+    for _ in range(30):
         engine.step()
-    assert engine.scheduler.step_budget.model.predict(100) == pytest.approx(cpu_step(100))
+    assert engine.scheduler.step_budget.model.predict(100, 5000) == pytest.approx(cpu_step(100, 5000))
 
 
 # -- the real engine --------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceGroup, SequenceStatus
-from .step_budget import AUTO, StepBudget
+from .step_budget import AUTO, Allowance, StepBudget, chunk_pairs
 
 # Tokens of other prompts' prefill a waiting prompt lets go ahead of it (about 8 full steps).
 PREFILL_AGE_LIMIT = 8192
@@ -33,6 +33,11 @@ class ScheduledSeq:
     def samples(self) -> bool:
         """Whether this step reaches the end of the sequence's known tokens, so a new token is sampled."""
         return self.seq.num_computed_tokens + self.num_tokens == len(self.seq.token_ids)
+
+    @property
+    def attention_pairs(self) -> int:
+        """Query-key pairs its attention computes (until the step is done)."""
+        return chunk_pairs(self.seq.num_computed_tokens, self.num_tokens)
 
 
 @dataclass
@@ -134,18 +139,17 @@ class Scheduler:
             out.decodes.append(ScheduledSeq(seq, 1))
             scheduled.add(id(seq))
 
-        budget = self.step_budget.prefill_tokens(len(out.decodes))
+        allowance = self.step_budget.allowance(len(out.decodes), sum(s.attention_pairs for s in out.decodes))
         for seq in self._prefill_order():
-            if budget < 1 or len(scheduled) >= self.max_num_seqs:
+            if allowance.tokens < 1 or len(scheduled) >= self.max_num_seqs:
                 break
             waiting = seq.status is SequenceStatus.WAITING
-            chunk = self._allocate_chunk(seq, budget)
+            chunk = self._allocate_chunk(seq, allowance)
             if chunk == 0 and waiting:
                 break  # the first waiting prompt that does not fit holds back those after it
             if chunk:
                 out.prefills.append(ScheduledSeq(seq, chunk))
                 scheduled.add(id(seq))
-                budget -= chunk
 
         if out.is_empty and self.running and not self.blocks.num_free_blocks:
             # Everyone is blocked on memory and every victim hit its preemption cap: break the tie anyway.
@@ -165,13 +169,13 @@ class Scheduler:
 
         return sorted([s for s in self.running if s.is_prefilling] + self.waiting, key=key)
 
-    def _allocate_chunk(self, seq: Sequence, budget: int) -> int:
-        """Blocks for the next chunk of `seq`'s prompt, at most `budget` tokens, admitting it if it
-        waits; returns the chunk's tokens, 0 when the KV cache cannot hold any now."""
+    def _allocate_chunk(self, seq: Sequence, allowance: Allowance) -> int:
+        """Blocks for the next chunk of `seq`'s prompt, what the allowance leaves, admitting it if it
+        waits; returns the chunk's tokens, 0 when the step or the KV cache cannot hold any now."""
         waiting = seq.status is SequenceStatus.WAITING
         if waiting:
             self.blocks.allocate_prompt_start(seq)
-        chunk = min(budget, seq.num_uncomputed,
+        chunk = min(allowance.chunk(seq.num_computed_tokens, seq.num_uncomputed),
                     self._allocatable_tokens(seq, reserve=self.watermark if waiting else 0))
         if chunk <= 0:
             if waiting:
@@ -182,6 +186,7 @@ class Scheduler:
             self.blocks.record_prefix_query(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+        allowance.spend(seq.num_computed_tokens, chunk)
         self.blocks.allocate(seq, chunk)
         return chunk
 
@@ -215,7 +220,8 @@ class Scheduler:
     def on_step_done(self, out: SchedulerOutput) -> None:
         """Time the step for the step budget, advance progress and start the forks of prompts that
         just finished prefilling."""
-        self.step_budget.model.observe(out.num_tokens, self.clock() - self._step_started)
+        pairs = sum(item.attention_pairs for item in out.scheduled)
+        self.step_budget.model.observe(out.num_tokens, pairs, self.clock() - self._step_started)
         self.prefill_work += sum(item.num_tokens for item in out.prefills)
         for item in out.scheduled:
             seq = item.seq

@@ -1,23 +1,26 @@
-"""How many prefill tokens the next step may carry without slowing running decodes past a target.
+"""How much prefill the next step may carry without slowing running decodes past a target.
 
 Every step's tokens go through the same matmuls, so a step that carries a prefill chunk makes each
-running stream wait for that chunk too. The runner's step time is modelled as a fixed cost plus a
-cost per token (on a CPU most of a step is the linear layers, linear in tokens; on a GPU most of
-it is fixed), fitted to the recent steps the scheduler timed. The chunk is then the most tokens
-that keep the step within the target inter-token latency:
+running stream wait for that chunk too. The runner's step time is modelled as a fixed cost, a cost
+per token (the linear layers) and a cost per attention pair (a query token and a key it reads: a
+chunk deep into a long prompt reads all of the prompt before it, which on a CPU costs as much as
+its linear layers at 2,000 tokens), fitted to the recent steps the scheduler timed. Chunks then
+take what keeps the step within the target inter-token latency:
 
 - auto (the default): twice the decode-only step at the current batch, so a stream's tokens come
   at most half as fast while prompts prefill beside it;
 - a number of milliseconds: that target, whatever the batch;
-- off: only the token budget (--max-num-batched-tokens), which always caps the chunk.
+- off: only the token budget (--max-num-batched-tokens), which always caps the chunks.
 
-With no decode running there is nothing to protect and the chunk is the whole token budget. A
-chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a target that the
-decodes alone already exceed. The price is throughput where a step's fixed cost is large: a
-chunk that must fit beside a few decodes cannot amortize it (engine bench, short-under-long mix).
+With no decode running there is nothing to protect and the chunks share the whole token budget.
+A step's first chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a
+target that the decodes alone already exceed. The price is throughput where a step's fixed cost is
+large: chunks that must fit beside the decodes cannot amortize it (engine bench, short-under-long
+mix).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 AUTO, OFF = "auto", "off"
@@ -27,48 +30,95 @@ MIN_CHUNK = 16
 DECAY = 0.95
 
 
+def chunk_pairs(context: int, tokens: int) -> int:
+    """Attention pairs of `tokens` new tokens after `context` computed ones (each reads all keys up
+    to the chunk's end, as the CPU prefill attention computes them)."""
+    return tokens * (context + tokens)
+
+
 @dataclass
 class StepTimeModel:
-    """seconds ~= fixed + per_token * tokens, fitted by least squares over recent steps, older
-    steps weighing less. Until steps of different sizes were seen, the cost is taken as
-    proportional to the tokens (fixed 0), which overstates small steps' cost per token: it errs
-    towards smaller chunks."""
+    """seconds ~= fixed + per_token * tokens + per_pair * pairs, fitted by least squares over recent
+    steps, older steps weighing less. Terms the steps seen cannot tell apart are dropped (pairs
+    when they grew with the tokens; the fixed cost until steps of different sizes were seen, which
+    overstates small steps' cost per token: it errs towards smaller chunks)."""
 
-    weight: float = 0.0
-    tokens: float = 0.0
-    seconds: float = 0.0
-    tokens_sq: float = 0.0
-    tokens_seconds: float = 0.0
+    # Decayed sums over steps: weight, then of tokens, pairs, seconds and their products.
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("w", "n", "p", "t", "nn", "pp", "np", "nt", "pt"), 0.0))
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        if tokens < 1 or not seconds > 0:
+    def observe(self, tokens: int, pairs: int, seconds: float) -> None:
+        if tokens < 1 or not seconds > 0 or math.isinf(seconds):
             return
-        for name in ("weight", "tokens", "seconds", "tokens_sq", "tokens_seconds"):
-            setattr(self, name, getattr(self, name) * DECAY)
-        self.weight += 1
-        self.tokens += tokens
-        self.seconds += seconds
-        self.tokens_sq += tokens * tokens
-        self.tokens_seconds += tokens * seconds
+        terms = {"w": 1.0, "n": tokens, "p": pairs, "t": seconds, "nn": tokens * tokens, "pp": pairs * pairs,
+                 "np": tokens * pairs, "nt": tokens * seconds, "pt": pairs * seconds}
+        for name, value in terms.items():
+            self.sums[name] = self.sums[name] * DECAY + value
 
     @property
     def fitted(self) -> bool:
-        return self.weight > 0
+        return self.sums["w"] > 0
 
-    def coefficients(self) -> tuple[float, float]:
-        """(fixed seconds, seconds per token)."""
-        mean_tokens, mean_seconds = self.tokens / self.weight, self.seconds / self.weight
-        variance = self.tokens_sq / self.weight - mean_tokens ** 2
-        if variance >= 1.0:
-            per_token = (self.tokens_seconds / self.weight - mean_tokens * mean_seconds) / variance
-            fixed = mean_seconds - per_token * mean_tokens
+    def coefficients(self) -> tuple[float, float, float]:
+        """(fixed seconds, seconds per token, seconds per attention pair)."""
+        s = self.sums
+        mean = {k: s[k] / s["w"] for k in ("n", "p", "t")}
+        var_n = s["nn"] / s["w"] - mean["n"] ** 2
+        var_p = s["pp"] / s["w"] - mean["p"] ** 2
+        cov_np = s["np"] / s["w"] - mean["n"] * mean["p"]
+        cov_nt = s["nt"] / s["w"] - mean["n"] * mean["t"]
+        cov_pt = s["pt"] / s["w"] - mean["p"] * mean["t"]
+        det = var_n * var_p - cov_np ** 2
+        if var_n >= 1.0 and var_p > 0 and det > 1e-3 * var_n * var_p:
+            per_token = (cov_nt * var_p - cov_pt * cov_np) / det
+            per_pair = (cov_pt * var_n - cov_nt * cov_np) / det
+            fixed = mean["t"] - per_token * mean["n"] - per_pair * mean["p"]
+            if per_token > 0 and per_pair >= 0 and fixed >= 0:
+                return fixed, per_token, per_pair
+        if var_n >= 1.0:
+            per_token = cov_nt / var_n
+            fixed = mean["t"] - per_token * mean["n"]
             if per_token > 0 and fixed >= 0:
-                return fixed, per_token
-        return 0.0, mean_seconds / mean_tokens
+                return fixed, per_token, 0.0
+        return 0.0, mean["t"] / mean["n"], 0.0
 
-    def predict(self, tokens: int) -> float:
-        fixed, per_token = self.coefficients()
-        return fixed + per_token * tokens
+    def predict(self, tokens: int, pairs: int) -> float:
+        fixed, per_token, per_pair = self.coefficients()
+        return fixed + per_token * tokens + per_pair * pairs
+
+
+@dataclass
+class Allowance:
+    """What one step may still take on: prefill tokens (the token budget) and, when a target
+    applies, seconds."""
+
+    tokens: int
+    seconds: float | None = None
+    per_token: float = 0.0
+    per_pair: float = 0.0
+    first: bool = True
+
+    def chunk(self, context: int, wanted: int) -> int:
+        """Tokens, at most `wanted`, of a prompt with `context` tokens computed that fit."""
+        limit = min(wanted, self.tokens)
+        if self.seconds is None:
+            return max(0, limit)
+        # per_pair * n^2 + (per_token + per_pair * context) * n <= seconds, for the largest n.
+        linear = self.per_token + self.per_pair * context
+        if self.per_pair > 0:
+            fits = (-linear + math.sqrt(linear * linear + 4 * self.per_pair * max(0.0, self.seconds))) / (2 * self.per_pair)
+        else:
+            fits = max(0.0, self.seconds) / linear
+        fits = int(fits)
+        if self.first:
+            fits = max(fits, MIN_CHUNK)
+        return max(0, min(limit, fits))
+
+    def spend(self, context: int, tokens: int) -> None:
+        self.tokens -= tokens
+        self.first = False
+        if self.seconds is not None:
+            self.seconds -= self.per_token * tokens + self.per_pair * chunk_pairs(context, tokens)
 
 
 @dataclass
@@ -79,12 +129,13 @@ class StepBudget:
     max_tokens: int
     model: StepTimeModel = field(default_factory=StepTimeModel)
 
-    def prefill_tokens(self, num_decodes: int) -> int:
-        """Prefill tokens the next step may carry beside `num_decodes` decodes."""
+    def allowance(self, num_decodes: int, decode_pairs: int) -> Allowance:
+        """What the prefill chunks of a step with `num_decodes` decodes (reading `decode_pairs`
+        keys in all) may take."""
         room = self.max_tokens - num_decodes
         if self.target_itl == OFF or num_decodes == 0 or not self.model.fitted:
-            return room
-        fixed, per_token = self.model.coefficients()
-        target = AUTO_DECODE_FACTOR * self.model.predict(num_decodes) if self.target_itl == AUTO else self.target_itl
-        fits = int((target - fixed) / per_token) - num_decodes
-        return max(0, min(room, max(MIN_CHUNK, fits)))
+            return Allowance(room)
+        fixed, per_token, per_pair = self.model.coefficients()
+        decode_step = fixed + per_token * num_decodes + per_pair * decode_pairs
+        target = AUTO_DECODE_FACTOR * decode_step if self.target_itl == AUTO else self.target_itl
+        return Allowance(room, target - decode_step, per_token, per_pair)
