@@ -1,6 +1,7 @@
 """The gateway's HTTP front: a plain ASGI app (no framework on the hot path, for latency).
 
-Request path: auth → body → parse → route lookup → model permission → limits → pick and forward.
+Request path: auth → body → parse → model permission → route lookup → context check → limits → pick and
+forward.
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
 access-log line (with the key's id, never the key).
 """
@@ -28,7 +29,7 @@ from .load_poller import LoadPoller
 from .metrics import GatewayMetrics
 from .picker import Picker
 from .proxy import Outcome, Upstream
-from .request import parse_request
+from .request import ParsedRequest, parse_request
 from .routing_table import Route, RoutingTable, max_model_len
 from .watched_files import WatchedFiles
 
@@ -218,12 +219,8 @@ class GatewayApp:
             body = await _read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
             parsed = parse_request(body, kind=kind, prefix_chars=self.config.routing.prefix_chars)
             table = self.table
-            routes = self._routes(table, principal, parsed.model)
             outcome.route = parsed.model
-            context = max_model_len(routes)
-            check_context(parsed, context)  # before any limit: a request that can never fit is not retried
-            reservation = reserve(parsed, context, self.config.default_max_tokens)
-            await admission.admit(principal, reservation, parsed.payload, response_headers)
+            routes = await self._admit(table, principal, parsed, admission, response_headers)
             stream = parsed.stream
             strip_usage = parsed.stream and not parsed.client_wants_usage
             if strip_usage:
@@ -267,6 +264,18 @@ class GatewayApp:
                        else "Incorrect API key provided")
             raise GatewayError(401, message, code="invalid_api_key")
         return principal
+
+    async def _admit(
+        self, table: RoutingTable, principal: Principal, parsed: ParsedRequest, admission: Admission,
+        response_headers: list,
+    ) -> list[tuple[str, Route]]:
+        """The routes the request may take, once it is known to fit a backend's context and the tenant's limits."""
+        routes = self._routes(table, principal, parsed.model)
+        context = max_model_len(routes)
+        check_context(parsed, context)  # before any limit: a request that can never fit is not to be retried
+        reservation = reserve(parsed, context, self.config.default_max_tokens)
+        await admission.admit(principal, reservation, parsed.payload, response_headers)
+        return routes
 
     def _routes(self, table: RoutingTable, principal: Principal, model: str) -> list[tuple[str, Route]]:
         """The routes that may serve this tenant's request. 403 comes before 404, so that whether a model
