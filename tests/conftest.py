@@ -6,10 +6,12 @@ import os
 # under load: a 32-sequence decode step took 2.6x longer with the default spin policy. Set before
 # torch is imported; runtime subprocesses inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# fixtures.model first: other fixture modules import its builders, and pytest rewrites asserts only in a
+# module it imports itself.
 pytest_plugins = [
+    "fixtures.model",
     "fixtures.cluster",
     "fixtures.gateway",
-    "fixtures.model",
     "fixtures.redis",
     "fixtures.runtime_server",
     "fixtures.sluice_stack",

@@ -15,9 +15,10 @@ from sluice_runtime.engine.sampling_params import SamplingParams
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_workload_returns_every_block(seed, tiny_model_dir):
     rng = random.Random(seed)
-    # Small blocks and a small cache: many block boundaries, forks and preemptions per request.
+    # Small blocks and a small cache: many block boundaries, forks and preemptions per request. The step-time
+    # budget is off so that the schedule, and so the preemptions, follow the seed rather than this machine's speed.
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), block_size=4, num_kv_blocks=40, max_num_seqs=12, max_num_batched_tokens=96,
-                                    max_model_len=256, seed=seed))
+                                    max_model_len=256, seed=seed, target_itl_ms="off"))
     shared_prefix = [rng.randrange(100, 40000) for _ in range(12)]
     submitted, finished = 0, set()
     live: list[str] = []
