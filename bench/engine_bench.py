@@ -219,11 +219,12 @@ def run_at_once(engine: LLMEngine, prompts: dict[str, list[int]], output_len: in
     request's token arrival times, the durations of the steps that carried no prompt chunk, the
     wall time and the load average around the run."""
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0)
-    load_before = os.getloadavg()[0]
+    load_before, steps_before = os.getloadavg()[0], engine.steps
     start = time.perf_counter()
     for request_id, prompt in prompts.items():
         engine.add_request(request_id, prompt, params)
     arrivals: dict[str, list[float]] = {request_id: [] for request_id in prompts}
+    first_token_step: dict[str, int] = {}
     decode_steps = []
     while engine.has_unfinished_requests():
         decode_only = (engine.stats().num_waiting == 0
@@ -235,8 +236,10 @@ def run_at_once(engine: LLMEngine, prompts: dict[str, list[int]], output_len: in
             decode_steps.append(now - step_start)
         for out in outputs:
             arrivals[out.request_id] += [now - start] * len(out.outputs[0].delta_token_ids)
-    return {"arrivals": arrivals, "decode_steps": decode_steps, "seconds": time.perf_counter() - start,
-            "load_average": (load_before, os.getloadavg()[0])}
+            first_token_step.setdefault(out.request_id, engine.steps - steps_before)
+    return {"arrivals": arrivals, "first_token_step": first_token_step, "decode_steps": decode_steps,
+            "seconds": time.perf_counter() - start,
+            "steps": engine.steps - steps_before, "load_average": (load_before, os.getloadavg()[0])}
 
 
 def short_figures(run: dict, shorts: list[str]) -> dict:
@@ -244,8 +247,10 @@ def short_figures(run: dict, shorts: list[str]) -> dict:
     gaps = [later - earlier for r in shorts for earlier, later in zip(run["arrivals"][r], run["arrivals"][r][1:])]
     tokens = sum(len(a) for a in run["arrivals"].values())
     return {"short_ttft_p50_s": percentile(ttfts, 50), "short_ttft_p99_s": percentile(ttfts, 99),
+            "short_ttft_p99_steps": percentile([run["first_token_step"][r] for r in shorts], 99),
             "short_itl_p50_s": percentile(gaps, 50), "short_itl_p99_s": percentile(gaps, 99),
             "output_tokens": tokens, "seconds": run["seconds"], "output_tok_s": tokens / run["seconds"],
+            "steps": run["steps"],
             "idle_decode_step_s": percentile(run["decode_steps"], 50) if run["decode_steps"] else None,
             "load_average": run["load_average"]}
 
@@ -277,7 +282,7 @@ def short_under_long(dtype: str, seed: int) -> None:
     del engines
 
     header = (f"{'run':22} {'TTFT p50 s':>10} {'TTFT p99 s':>10} {'ITL p50 ms':>10} {'ITL p99 ms':>10} "
-              f"{'tok/s':>7} {'seconds':>8} {'load avg':>11}")
+              f"{'tok/s':>7} {'seconds':>8} {'steps':>6} {'load avg':>11}")
     print(f"\nshort under long: {SHORT_CHATS} chats of {SHORT_PROMPT[0]}-{SHORT_PROMPT[1]} prompt tokens, "
           f"{LONG_PROMPTS} prompts of {LONG_PROMPT}, {MIX_OUTPUT} output tokens each, SmolLM2 {dtype_name}, "
           f"{torch.get_num_threads()} threads")
@@ -286,7 +291,7 @@ def short_under_long(dtype: str, seed: int) -> None:
     for name, r in rows.items():
         print(f"{name:22} {r['short_ttft_p50_s']:>10.2f} {r['short_ttft_p99_s']:>10.2f} "
               f"{r['short_itl_p50_s'] * 1e3:>10.0f} {r['short_itl_p99_s'] * 1e3:>10.0f} {r['output_tok_s']:>7.1f} "
-              f"{r['seconds']:>8.1f} {r['load_average'][0]:>5.1f}-{r['load_average'][1]:<5.1f}")
+              f"{r['seconds']:>8.1f} {r['steps']:>6} {r['load_average'][0]:>5.1f}-{r['load_average'][1]:<5.1f}")
     ratios = {}
     for budget in ("auto", "off"):
         alone, mix = rows[f"alone, budget {budget}"], rows[f"mix, budget {budget}"]

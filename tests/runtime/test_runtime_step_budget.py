@@ -49,6 +49,14 @@ def test_without_attention_pairs_to_tell_apart_the_model_is_fixed_plus_per_token
     assert model.coefficients() == pytest.approx((FIXED, PER_TOKEN, 0.0))
 
 
+def test_an_implausibly_dear_attention_pair_is_taken_as_noise():
+    # Times that would make a query reading 100 keys cost as much as its linear layers.
+    model = StepTimeModel()
+    for tokens, pairs in [(28, 6000), (75, 40_000), (300, 90_000), (60, 200_000), (1024, 600_000)]:
+        model.observe(tokens, pairs, FIXED + PER_TOKEN * tokens + PER_TOKEN / 100 * pairs)
+    assert model.coefficients()[2] == 0.0
+
+
 @pytest.mark.parametrize("decodes", [8, 28, 64])
 def test_auto_keeps_a_step_within_two_decode_steps_at_the_current_batch(decodes):
     budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))

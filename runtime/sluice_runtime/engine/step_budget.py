@@ -28,6 +28,9 @@ AUTO_DECODE_FACTOR = 2.0
 MIN_CHUNK = 16
 # Weight of the step before each new one in the fit: about the last 20 steps count.
 DECAY = 0.95
+# A fit in which a query reading this many keys costs more than the token's own linear layers is
+# taken as noise (decode-heavy steps make pairs and tokens grow together) and the pairs are dropped.
+MAX_PAIRS_PER_TOKEN_COST = 256
 
 
 def chunk_pairs(context: int, tokens: int) -> int:
@@ -40,8 +43,9 @@ def chunk_pairs(context: int, tokens: int) -> int:
 class StepTimeModel:
     """seconds ~= fixed + per_token * tokens + per_pair * pairs, fitted by least squares over recent
     steps, older steps weighing less. Terms the steps seen cannot tell apart are dropped (pairs
-    when they grew with the tokens; the fixed cost until steps of different sizes were seen, which
-    overstates small steps' cost per token: it errs towards smaller chunks)."""
+    when they grew with the tokens or came out implausibly dear; the fixed cost until steps of
+    different sizes were seen, which overstates small steps' cost per token: it errs towards
+    smaller chunks)."""
 
     # Decayed sums over steps: weight, then of tokens, pairs, seconds and their products.
     sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
@@ -73,7 +77,7 @@ class StepTimeModel:
             per_token = (cov_nt * var_p - cov_pt * cov_np) / det
             per_pair = (cov_pt * var_n - cov_nt * cov_np) / det
             fixed = mean["t"] - per_token * mean["n"] - per_pair * mean["p"]
-            if per_token > 0 and per_pair >= 0 and fixed >= 0:
+            if per_token > 0 and 0 <= per_pair * MAX_PAIRS_PER_TOKEN_COST <= per_token and fixed >= 0:
                 return fixed, per_token, per_pair
         if var_n >= 1.0:
             per_token = cov_nt / var_n
