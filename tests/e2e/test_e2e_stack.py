@@ -325,7 +325,7 @@ def test_5_autoscaling_up_under_a_burst_and_down_after_the_window(stack, record_
         record_property("scale_down_after_load_s", round(deleted_at - calm, 1))
         drained = _first(pods, lambda p: p["metadata"]["uid"] == victim["metadata"]["uid"]
                          and (p["metadata"].get("annotations") or {}).get("sluice.dev/draining"))
-        wait_for(lambda: not stack.processes(victim["metadata"]["name"]), timeout=45,
+        wait_for(lambda: not stack.processes(victim["metadata"]["name"]), timeout=75,
                  what="the removed replica's process to drain and exit")
         results = trickle.stop()
 
