@@ -37,8 +37,8 @@ WEATHER_TOOL = {
 LONG_STREAM = "Count from 1 to 300, one number per line. ({n})"
 # Streams through the scale-down: lengths drawn from a range, so they end at mixed times and each replica
 # always has some mid-way when the autoscaler marks one; short enough to end within the removed replica's
-# drain (30 s grace less the 5 s preStop and a margin: a 256-token stream here outlasts it and is cut, as
-# designed); six of them stay under the KV-cache target, so the model still shrinks.
+# drain (60 s grace less the 5 s preStop and a margin) also on a busy 2-core machine; six of them stay under
+# the KV-cache target, so the model still shrinks.
 TRICKLE_TOKENS = (96, 176)
 
 
