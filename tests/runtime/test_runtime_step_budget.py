@@ -85,6 +85,13 @@ def test_chunks_share_what_the_step_allows():
     assert first == 30 and cpu_step(8 + first + second) <= 0.505 < cpu_step(8 + first + second + 1)
 
 
+def test_no_crumbs_after_the_first_chunk_unless_they_finish_a_prompt():
+    allowance = StepBudget(AUTO, 1024, fitted(8, 60, 300)).allowance(28, 0)
+    allowance.spend(0, allowance.chunk(0, ANY) - 5)  # five tokens' worth of time left
+    assert allowance.chunk(0, ANY) == 0
+    assert allowance.chunk(0, 3) == 3
+
+
 def test_a_target_in_milliseconds_holds_whatever_the_batch():
     budget = StepBudget(0.505, 1024, fitted(8, 60, 300))
     for decodes in (1, 8, 40):

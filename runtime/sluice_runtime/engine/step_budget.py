@@ -14,7 +14,8 @@ take what keeps the step within the target inter-token latency:
 
 With no decode running there is nothing to protect and the chunks share the whole token budget.
 A step's first chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a
-target that the decodes alone already exceed. The price is throughput where a step's fixed cost is
+target that the decodes alone already exceed, and later ones are not cut smaller either (unless
+that finishes their prompt). The price is throughput where a step's fixed cost is
 large: chunks that must fit beside the decodes cannot amortize it (engine bench, short-under-long
 mix).
 """
@@ -116,6 +117,8 @@ class Allowance:
         fits = int(fits)
         if self.first:
             fits = max(fits, MIN_CHUNK)
+        elif fits < min(MIN_CHUNK, limit):
+            return 0  # a crumb of a prompt costs a span's overhead for almost no progress
         return max(0, min(limit, fits))
 
     def spend(self, context: int, tokens: int) -> None:
