@@ -15,7 +15,8 @@ from sluice_runtime.engine.config import EngineConfig
 from sluice_runtime.engine.sampling_params import SamplingParams
 from sluice_runtime.engine.scheduler import Scheduler
 from sluice_runtime.engine.sequence import SequenceGroup
-from sluice_runtime.engine.step_budget import AUTO, MIN_CHUNK, OFF, StepBudget, StepTimeModel, chunk_pairs
+from sluice_runtime.engine.step_budget import (AUTO, BATCH_MEMORY, MIN_CHUNK, OFF, StepBudget, StepTimeModel,
+                                               chunk_pairs)
 
 # A 2-core AVX2 CPU running SmolLM2 in float32, roughly: 80 ms per step, 7 ms per token, 2 us per
 # attention pair (a query token and a key it reads).
@@ -63,6 +64,17 @@ def test_auto_keeps_a_step_within_two_decode_steps_at_the_current_batch(decodes)
     chunk = budget.allowance(decodes, 0).chunk(0, ANY)
     assert MIN_CHUNK <= chunk < 1024 - decodes
     assert cpu_step(decodes + chunk) <= 2 * cpu_step(decodes) < cpu_step(decodes + chunk + 1)
+
+
+def test_when_the_batch_shrinks_prefill_takes_the_time_its_streams_left_for_a_while():
+    budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))
+    budget.allowance(28, 0)
+    chunk = budget.allowance(2, 0).chunk(0, ANY)
+    assert cpu_step(2 + chunk) <= 2 * cpu_step(28) < cpu_step(2 + chunk + 1)
+    for _ in range(BATCH_MEMORY):
+        budget.allowance(2, 0)
+    chunk = budget.allowance(2, 0).chunk(0, ANY)
+    assert chunk == max(MIN_CHUNK, int((2 * cpu_step(2) - FIXED) / PER_TOKEN + 1e-9) - 2)
 
 
 def test_a_chunk_deep_into_a_long_prompt_is_smaller_by_what_its_attention_reads():

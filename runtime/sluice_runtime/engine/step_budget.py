@@ -7,8 +7,8 @@ chunk deep into a long prompt reads all of the prompt before it, which on a CPU 
 its linear layers at 2,000 tokens), fitted to the recent steps the scheduler timed. Chunks then
 take what keeps the step within the target inter-token latency:
 
-- auto (the default): twice the decode-only step at the current batch, so a stream's tokens come
-  at most half as fast while prompts prefill beside it;
+- auto (the default): twice the decode-only step at the largest batch of the last BATCH_MEMORY
+  steps, so a stream's tokens come at most half as fast as that batch's while prompts prefill;
 - a number of milliseconds: that target, whatever the batch;
 - off: only the token budget (--max-num-batched-tokens), which always caps the chunks.
 
@@ -22,11 +22,13 @@ mix).
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 AUTO, OFF = "auto", "off"
 AUTO_DECODE_FACTOR = 2.0
 MIN_CHUNK = 16
+BATCH_MEMORY = 64
 # Weight of the step before each new one in the fit: about the last 20 steps count.
 DECAY = 0.95
 # A fit in which a query reading this many keys costs more than the token's own linear layers is
@@ -135,14 +137,24 @@ class StepBudget:
     target_itl: str | float
     max_tokens: int
     model: StepTimeModel = field(default_factory=StepTimeModel)
+    # Decode batches of the last BATCH_MEMORY steps: auto measures against the largest.
+    recent_batches: deque[int] = field(default_factory=lambda: deque(maxlen=BATCH_MEMORY))
 
     def allowance(self, num_decodes: int, decode_pairs: int) -> Allowance:
         """What the prefill chunks of a step with `num_decodes` decodes (reading `decode_pairs`
         keys in all) may take."""
+        self.recent_batches.append(num_decodes)
         room = self.max_tokens - num_decodes
         if self.target_itl == OFF or num_decodes == 0 or not self.model.fitted:
             return Allowance(room)
         fixed, per_token, per_pair = self.model.coefficients()
         decode_step = fixed + per_token * num_decodes + per_pair * decode_pairs
-        target = AUTO_DECODE_FACTOR * decode_step if self.target_itl == AUTO else self.target_itl
+        if self.target_itl == AUTO:
+            # When the batch shrinks, the time its streams no longer take goes to prefill instead
+            # of speeding up the streams left: they keep at least half the pace of the recent
+            # largest batch, and the prompts behind them are not cut into crumbs.
+            batch = max(self.recent_batches)
+            target = AUTO_DECODE_FACTOR * (fixed + per_token * batch + per_pair * decode_pairs * batch / num_decodes)
+        else:
+            target = self.target_itl
         return Allowance(room, target - decode_step, per_token, per_pair)
