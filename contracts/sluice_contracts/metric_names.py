@@ -1,0 +1,33 @@
+"""The runtime's Prometheus metric names, which the operator's autoscaler scrapes.
+
+They are vLLM's names with its `model_name` label, so dashboards, KEDA rules and the Gateway API Inference
+Extension written for vLLM read a Sluice runtime unchanged. Counter names are given as their family name:
+Prometheus exposes each counter's sample with `_total` appended.
+"""
+from __future__ import annotations
+
+MODEL_LABEL = "model_name"
+
+# Gauges, read at scrape time from the engine.
+NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # 0-1, despite the name
+CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels block_size and num_gpu_blocks, value 1
+
+# Counters (exposed as NAME_total).
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+NUM_PREEMPTIONS = "vllm:num_preemptions"
+PROMPT_TOKENS = "vllm:prompt_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens"
+REQUEST_SUCCESS = "vllm:request_success"  # label finished_reason
+
+# Histograms.
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"
+REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"
+REQUEST_PREFILL_TIME = "vllm:request_prefill_time_seconds"
+REQUEST_DECODE_TIME = "vllm:request_decode_time_seconds"
+REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"

@@ -1,0 +1,41 @@
+"""The runtime's flag limits that the InferenceModel CRD also validates.
+
+The runtime refuses these values at start; the CRD refuses them when the object is applied, so a bad spec is
+an error on `kubectl apply` rather than a pod that exits on every restart. Both read the limits from here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+# The attention backends index blocks with shifts and masks, so a block holds a power of two of tokens.
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class IntRange:
+    """Inclusive bounds of an integer flag; `name` is how messages call it."""
+
+    name: str
+    minimum: int
+    maximum: int
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and self.minimum <= value <= self.maximum
+
+    def message(self, value: object) -> str:
+        return f"{self.name} must be between {self.minimum} and {self.maximum}, got {value!r}"
+
+
+# A context shorter than a chat template's own tokens serves nothing; a million tokens is past any model here.
+MAX_MODEL_LEN = IntRange("max model len", 16, 1 << 20)
+MAX_NUM_SEQS = IntRange("max num seqs", 1, 4096)
+TENSOR_PARALLEL_SIZE = IntRange("tensor parallel size", 1, 64)
+
+
+def block_size_message(value: object) -> str:
+    return f"block size must be a power of two up to {BLOCK_SIZES[-1]}, got {value!r}"
+
+
+def dtype_message(value: object) -> str:
+    return f"dtype must be one of {', '.join(DTYPES)}, got {value!r}"

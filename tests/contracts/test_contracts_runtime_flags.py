@@ -1,0 +1,18 @@
+"""The runtime's flag limits: the ranges hold integers only, the block sizes are exactly the powers of two."""
+import pytest
+
+from sluice_contracts.runtime_flags import (BLOCK_SIZES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE,
+                                            block_size_message)
+
+
+def test_block_sizes_are_the_powers_of_two_up_to_256():
+    assert BLOCK_SIZES == tuple(n for n in range(1, 257) if n & (n - 1) == 0)
+    assert block_size_message(3) == "block size must be a power of two up to 256, got 3"
+
+
+@pytest.mark.parametrize("flag", [MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE])
+def test_a_range_holds_its_bounds_and_nothing_else(flag):
+    assert flag.minimum in flag and flag.maximum in flag
+    for outside in (flag.minimum - 1, flag.maximum + 1, True, float(flag.minimum), str(flag.minimum), None):
+        assert outside not in flag, outside
+    assert flag.message(0).endswith(f"must be between {flag.minimum} and {flag.maximum}, got 0")
