@@ -24,7 +24,13 @@ class IntRange:
         return isinstance(value, int) and not isinstance(value, bool) and self.minimum <= value <= self.maximum
 
     def message(self, value: object) -> str:
-        return f"{self.name} must be between {self.minimum} and {self.maximum}, got {value!r}"
+        """Why `value` is refused, naming the bound it crossed."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < self.minimum:
+                return f"{self.name} must be at least {self.minimum}, got {value}"
+            if value > self.maximum:
+                return f"{self.name} must be at most {self.maximum}, got {value}"
+        return f"{self.name} must be an integer from {self.minimum} to {self.maximum}, got {value!r}"
 
 
 # A context shorter than a chat template's own tokens serves nothing; a million tokens is past any model here.

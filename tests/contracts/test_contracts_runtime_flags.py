@@ -15,4 +15,6 @@ def test_a_range_holds_its_bounds_and_nothing_else(flag):
     assert flag.minimum in flag and flag.maximum in flag
     for outside in (flag.minimum - 1, flag.maximum + 1, True, float(flag.minimum), str(flag.minimum), None):
         assert outside not in flag, outside
-    assert flag.message(0).endswith(f"must be between {flag.minimum} and {flag.maximum}, got 0")
+    assert flag.message(flag.minimum - 1).endswith(f"must be at least {flag.minimum}, got {flag.minimum - 1}")
+    assert flag.message(flag.maximum + 1).endswith(f"must be at most {flag.maximum}, got {flag.maximum + 1}")
+    assert flag.message("8").endswith(f"must be an integer from {flag.minimum} to {flag.maximum}, got '8'")
