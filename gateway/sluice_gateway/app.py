@@ -284,9 +284,12 @@ class GatewayApp:
             raise GatewayError(403, f"Your key may not use the model '{model}'", param="model",
                                code="model_not_allowed")
         routes = table.reachable(model, principal.may_use)
-        if not routes:
-            raise GatewayError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
-        return routes
+        if routes:
+            return routes
+        if table.route(model) is not None:  # it exists, but only behind backends that are models the key may not use
+            raise GatewayError(403, f"Every backend of the model '{model}' is a model your key may not use",
+                               param="model", code="model_not_allowed")
+        raise GatewayError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
 
     async def _forward_until_disconnect(
         self, attempts: Any, path: str, payload: dict, stream: bool, strip_usage: bool, request_id: bytes,

@@ -99,10 +99,14 @@ class RoutingTable(_Wire):
         return self._resolved.get(public_name)
 
     def reachable(self, public_name: str, allowed: Callable[[str], bool]) -> list[tuple[str, Route]]:
-        """The route of that name, then its fallbacks, theirs, ..., in the order they are tried.
+        """The route of that name, then its fallbacks, theirs, ..., in the order they are tried, each with only
+        the backends the tenant may be served by.
 
-        Only routes `allowed` (the tenant's allow-list) are listed or followed: a tenant allowed one model is
-        never served by another because the first is down.
+        The allow-list (`allowed`) is over public names. Only routes it allows are listed or followed, so a tenant
+        allowed one model is never served by another because the first is down. A backend named like an explicit
+        route is that model: it is dropped for a tenant who may not use that name, even as another route's canary.
+        A backend with a private name is covered by the route that holds it. A route left with no backend that
+        takes traffic is skipped (its fallbacks are still followed).
         """
         found: list[tuple[str, Route]] = []
         pending, seen = [public_name], set()
@@ -112,8 +116,13 @@ class RoutingTable(_Wire):
             if name in seen or route is None or not allowed(name):
                 continue
             seen.add(name)
-            found.append((name, route))
             pending.extend(route.fallbacks)
+            kept = tuple(b for b in route.backends if b.name not in self.routes or allowed(b.name))
+            if len(kept) < len(route.backends):
+                if not any(b.weight > 0 for b in kept):
+                    continue
+                route = route.model_copy(update={"backends": kept})
+            found.append((name, route))
         return found
 
     def public_names(self) -> list[str]:

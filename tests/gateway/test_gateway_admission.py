@@ -180,3 +180,37 @@ def test_an_allow_list_is_checked_before_existence_and_bounds_fallbacks(tiny_run
         client.chat.completions.create(model="no-such-model", messages=HI, max_tokens=1)
     assert json.loads(httpx.get(f"{gateway.url}/v1/models", headers={"authorization": f"Bearer {NARROW}"}).text)[
         "data"] == [{"id": "small", "object": "model", "created": 0, "owned_by": "sluice"}]
+
+
+def test_a_canary_backend_that_is_a_model_the_tenant_may_not_use_never_serves_it(tiny_runtimes, start_gateway):
+    small_only, both, alias_only = "sk-test-small-only", "sk-test-both", "sk-test-alias-only"
+    config = gateway_config([
+        tenant("small-only", small_only) | {"models": ["small"]},
+        tenant("both", both) | {"models": ["small", "premium"]},
+        tenant("alias-only", alias_only) | {"models": ["alias"]},
+    ])
+    premium_runtime = tiny_runtimes[1]
+    routes = table(
+        # `premium` is a public model and also `small`'s canary; `small-canary` is a private name.
+        small={"backends": [backend("small-v1", tiny_runtimes[0].url), backend("small-canary", tiny_runtimes[0].url),
+                            backend("premium", premium_runtime.url, weight=2)]},
+        premium={"backends": [backend("premium", premium_runtime.url)]},
+        alias={"backends": [backend("premium", premium_runtime.url)]},
+    )
+    gateway = start_gateway(config, routes)
+    body = {"model": "small", "messages": HI, "max_tokens": 1}
+
+    def served_by(key: str, count: int = 16) -> tuple[set[str], set[str]]:
+        responses = [post(gateway, key, body) for _ in range(count)]
+        assert [r.status_code for r in responses] == [200] * count
+        return {r.headers["x-sluice-backend"] for r in responses}, {r.headers["x-sluice-request-id"] for r in responses}
+
+    backends, ids = served_by(small_only)
+    assert backends == {"small-v1", "small-canary"}  # the private canary still serves
+    assert not ids & {line.get("request_id") for line in premium_runtime.request_log()}
+    backends, _ = served_by(both)
+    assert "premium" in backends
+    # A route whose every backend is a model the key may not use: 403 saying so, never another model.
+    refused = post(gateway, alias_only, {**body, "model": "alias"})
+    assert refusal(refused) == (403, "model_not_allowed", "model")
+    assert "Every backend" in refused.json()["error"]["message"]
