@@ -39,6 +39,11 @@ MAX_NUM_SEQS = IntRange("max num seqs", 1, 4096)
 TENSOR_PARALLEL_SIZE = IntRange("tensor parallel size", 1, 64)
 
 
+def is_block_size(value: object) -> bool:
+    """An int among BLOCK_SIZES (True equals 1 in Python, but is not a block size)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value in BLOCK_SIZES
+
+
 def block_size_message(value: object) -> str:
     return f"block size must be a power of two up to {BLOCK_SIZES[-1]}, got {value!r}"
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the runtime: vLLM-compatible names (see DESIGN.md) plus sluice_ ones.
+"""Prometheus metrics of the runtime: vLLM-compatible names (sluice_contracts.metric_names) plus sluice_ ones.
 
 Engine state (queue lengths, KV usage, prefix cache, preemptions) is read from the engine at scrape
 time, so a scrape is never stale; per-request figures are recorded by the server as requests end.
@@ -10,6 +10,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from sluice_contracts import metric_names as names
 from sluice_runtime.engine.outputs import RequestMetrics
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
@@ -26,23 +27,23 @@ class _EngineStateCollector:
 
     def collect(self):
         s = self._stats()
-        labels = ["model_name"]
+        labels = [names.MODEL_LABEL]
         for name, doc, value in (
-            ("vllm:num_requests_running", "Requests in the running batch.", s.num_running),
-            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
-            ("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", s.kv_cache_usage),
+            (names.NUM_REQUESTS_RUNNING, "Requests in the running batch.", s.num_running),
+            (names.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", s.num_waiting),
+            (names.KV_CACHE_USAGE, "Fraction of KV-cache blocks in use (0-1).", s.kv_cache_usage),
         ):
             gauge = GaugeMetricFamily(name, doc, labels=labels)
             gauge.add_metric([self._model], value)
             yield gauge
-        info = GaugeMetricFamily("vllm:cache_config_info", "KV-cache configuration.",
-                                 labels=["model_name", "block_size", "num_gpu_blocks"])
+        info = GaugeMetricFamily(names.CACHE_CONFIG_INFO, "KV-cache configuration.",
+                                 labels=[names.MODEL_LABEL, "block_size", "num_gpu_blocks"])
         info.add_metric([self._model, str(s.block_size), str(s.num_kv_blocks)], 1)
         yield info
         for name, doc, value in (
-            ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
-            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
-            ("vllm:num_preemptions", "Requests preempted to free KV blocks.", s.num_preemptions),
+            (names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            (names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
+            (names.NUM_PREEMPTIONS, "Requests preempted to free KV blocks.", s.num_preemptions),
         ):
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric([self._model], value)
@@ -53,27 +54,27 @@ class RuntimeMetrics:
     def __init__(self, model_name: str, stats: Callable[[], object], template_version: str | None):
         self.model_name = model_name
         self.registry = CollectorRegistry()
-        r, m = self.registry, ["model_name"]
+        r, m = self.registry, [names.MODEL_LABEL]
         r.register(_EngineStateCollector(model_name, stats))
-        self._prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", m, registry=r)
-        self._generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", m, registry=r)
-        self._success = Counter("vllm:request_success", "Finished requests by finish reason.",
+        self._prompt_tokens = Counter(names.PROMPT_TOKENS, "Prompt tokens processed.", m, registry=r)
+        self._generation_tokens = Counter(names.GENERATION_TOKENS, "Tokens generated.", m, registry=r)
+        self._success = Counter(names.REQUEST_SUCCESS, "Finished requests by finish reason.",
                                 m + ["finished_reason"], registry=r)
-        self._ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", m,
+        self._ttft = Histogram(names.TIME_TO_FIRST_TOKEN, "Time to first token.", m,
                                buckets=_LATENCY_BUCKETS, registry=r)
-        self._itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.", m,
+        self._itl = Histogram(names.INTER_TOKEN_LATENCY, "Time between output tokens.", m,
                               buckets=_ITL_BUCKETS, registry=r)
-        self._e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.", m,
+        self._e2e = Histogram(names.E2E_REQUEST_LATENCY, "Arrival to finish.", m,
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self._queue = Histogram("vllm:request_queue_time_seconds", "Arrival to first scheduling.", m,
+        self._queue = Histogram(names.REQUEST_QUEUE_TIME, "Arrival to first scheduling.", m,
                                 buckets=_LATENCY_BUCKETS, registry=r)
-        self._prefill = Histogram("vllm:request_prefill_time_seconds", "First scheduling to first token.", m,
+        self._prefill = Histogram(names.REQUEST_PREFILL_TIME, "First scheduling to first token.", m,
                                   buckets=_LATENCY_BUCKETS, registry=r)
-        self._decode = Histogram("vllm:request_decode_time_seconds", "First token to finish.", m,
+        self._decode = Histogram(names.REQUEST_DECODE_TIME, "First token to finish.", m,
                                  buckets=_LATENCY_BUCKETS, registry=r)
-        self._prompt_hist = Histogram("vllm:request_prompt_tokens", "Prompt length per request.", m,
+        self._prompt_hist = Histogram(names.REQUEST_PROMPT_TOKENS, "Prompt length per request.", m,
                                       buckets=_TOKEN_BUCKETS, registry=r)
-        self._gen_hist = Histogram("vllm:request_generation_tokens", "Generated tokens per request.", m,
+        self._gen_hist = Histogram(names.REQUEST_GENERATION_TOKENS, "Generated tokens per request.", m,
                                    buckets=_TOKEN_BUCKETS, registry=r)
         self._http = Counter("sluice_runtime_http_requests", "HTTP requests by endpoint and status.",
                              ["endpoint", "status"], registry=r)

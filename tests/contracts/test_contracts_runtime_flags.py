@@ -2,11 +2,13 @@
 import pytest
 
 from sluice_contracts.runtime_flags import (BLOCK_SIZES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE,
-                                            block_size_message)
+                                            block_size_message, is_block_size)
 
 
 def test_block_sizes_are_the_powers_of_two_up_to_256():
     assert BLOCK_SIZES == tuple(n for n in range(1, 257) if n & (n - 1) == 0)
+    assert all(is_block_size(n) for n in BLOCK_SIZES)
+    assert not any(is_block_size(v) for v in (0, 3, 48, 512, True, 16.0, "16", None))
     assert block_size_message(3) == "block size must be a power of two up to 256, got 3"
 
 

@@ -6,6 +6,9 @@ import time
 import httpx
 import pytest
 
+from sluice_contracts import metric_names
+from sluice_contracts.load_report import LoadReport
+
 pytestmark = pytest.mark.integration
 
 MODEL = "smollm2"
@@ -48,6 +51,9 @@ def test_probes_and_load(runtime_server):
     assert set(load) >= {"waiting", "running", "kv_cache_usage", "block_size", "prefix_cache"}
     assert load["block_size"] == 16 and 0 <= load["kv_cache_usage"] <= 1
     assert set(load["prefix_cache"]) == {"queries", "hits", "hit_rate"}
+    # What the gateway parses /load with: the runtime's own document must pass it.
+    report = LoadReport.model_validate_json(httpx.get(f"{runtime_server}/load").content)
+    assert report.model == MODEL and report.draining is False and report.prefix_cache is not None
 
 
 def test_metrics_use_vllm_names_and_count_requests(runtime_server, runtime_openai):
@@ -67,6 +73,11 @@ def test_metrics_use_vllm_names_and_count_requests(runtime_server, runtime_opena
         metric(before, "vllm:time_to_first_token_seconds_count") + 1
     assert metric(after, "sluice_runtime_http_requests_total", 'endpoint="/v1/chat/completions",status="200"') >= 1
     assert 'block_size="16"' in after
+    # Every name the contract promises (the autoscaler scrapes the gauges) is the one exported.
+    promised = [v for k, v in vars(metric_names).items() if k.isupper() and v.startswith("vllm:")]
+    assert len(promised) == len(VLLM_NAMES)
+    for name in promised:
+        assert re.search(rf"^{re.escape(name)}(_total|_bucket|_count|_sum)?\{{", after, re.M), name
 
 
 def test_each_request_logs_one_json_line(runtime_server_process, runtime_openai):

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from sluice_contracts.load_report import LoadReport, PrefixCacheStats
 from sluice_runtime.engine.sampling_params import SamplingParams
 from sluice_runtime.metrics import RuntimeMetrics
 
@@ -191,14 +192,13 @@ def _add_operational_routes(app: FastAPI, rt: Runtime) -> None:
             return JSONResponse({"ready": False, "reason": reason}, status_code=503)
         return {"ready": True}
 
-    @app.get("/load")
+    @app.get("/load", response_model=LoadReport)
     async def load():
         s = rt.engine.stats()
-        queries, hits = s.prefix_cache_queries, s.prefix_cache_hits
-        return {"model": rt.served_names[0], "waiting": s.num_waiting, "running": s.num_running,
-                "kv_cache_usage": s.kv_cache_usage, "block_size": s.block_size, "num_kv_blocks": s.num_kv_blocks,
-                "prefix_cache": {"queries": queries, "hits": hits, "hit_rate": hits / queries if queries else 0.0},
-                "in_flight": rt.lifecycle.running, "draining": rt.lifecycle.draining}
+        return LoadReport(model=rt.served_names[0], waiting=s.num_waiting, running=s.num_running,
+                          kv_cache_usage=s.kv_cache_usage, block_size=s.block_size, num_kv_blocks=s.num_kv_blocks,
+                          prefix_cache=PrefixCacheStats.of(s.prefix_cache_queries, s.prefix_cache_hits),
+                          in_flight=rt.lifecycle.running, draining=rt.lifecycle.draining)
 
     @app.get("/metrics")
     async def metrics():
