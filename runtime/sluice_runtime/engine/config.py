@@ -64,7 +64,9 @@ class EngineConfig:
     num_kv_blocks: int | None = flag(None, "KV-cache size in blocks; overrides --kv-cache-memory", parse=int)
     max_model_len: int | None = flag(None, "context length (default: the model's)", parse=int)
     max_num_seqs: int = flag(64, "most sequences in one batch")
-    max_num_batched_tokens: int = flag(1024, "token budget of one engine step")
+    # A decode step carries one token of every running sequence, so the default grows with max_num_seqs.
+    max_num_batched_tokens: int | None = flag(None, "token budget of one engine step (default: 1024, or "
+                                                    "--max-num-seqs where that is more)", parse=int)
     target_itl_ms: str | float = flag(
         "auto", "while requests decode, a step carrying prompt chunks takes at most this long: auto (twice the "
                 "decode-only step, measured as the engine runs; engine/step_budget.py), off (token budget only), "
@@ -85,6 +87,8 @@ class EngineConfig:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         self.target_itl_ms = parse_target_itl(self.target_itl_ms)
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(1024, self.max_num_seqs) if self.max_num_seqs in MAX_NUM_SEQS else 1024
         checks = [
             (self.dtype in DTYPES, runtime_flags.dtype_message(self.dtype)),
             (runtime_flags.is_block_size(self.block_size), runtime_flags.block_size_message(self.block_size)),
