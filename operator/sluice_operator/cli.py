@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = _parser().parse_args(["run"])
     release = _release(args)
-    from .handlers.runner import OperatorOptions, run_operator
+    from .runner import OperatorOptions, run_operator
 
     return run_operator(
         OperatorOptions(

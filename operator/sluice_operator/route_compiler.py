@@ -1,19 +1,16 @@
 """ModelRoutes + InferenceModels + ready endpoints → the gateway's routing table, and each route's verdict.
 
-Pure: the handlers collect the inputs from the API server and write the outputs back.
+Pure: the handlers collect the inputs from the API server (the endpoints through `pods.ready_endpoints`) and
+write the outputs back.
 """
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Mapping
 
 from sluice_gateway.routing_table import Backend, Capabilities, Route, RoutingTable
 
-from .crd import LABEL_MODEL, RUNTIME_PORT, InferenceModelSpec, ModelRouteSpec
-
-# Set on a pod the autoscaler is about to remove: the router stops sending it requests first.
-DRAINING_ANNOTATION = "sluice.dev/draining"
+from .crd import InferenceModelSpec, ModelRouteSpec
 
 
 @dataclass(frozen=True)
@@ -31,40 +28,6 @@ class RouteVerdict:
 class Compiled:
     table: RoutingTable
     verdicts: dict[str, RouteVerdict]
-
-
-def _url(address: str) -> str:
-    try:
-        is_v6 = ipaddress.ip_address(address).version == 6
-    except ValueError:
-        is_v6 = False
-    return f"http://[{address}]:{RUNTIME_PORT}" if is_v6 else f"http://{address}:{RUNTIME_PORT}"
-
-
-def _serving(pod: Mapping[str, Any]) -> bool:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    if meta.get("deletionTimestamp") or (meta.get("annotations") or {}).get(DRAINING_ANNOTATION):
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-
-
-def ready_endpoints(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
-    """Runtime pods → InferenceModel name → sorted URLs of the pods that pass readiness and are not leaving.
-
-    Read from the pods themselves rather than EndpointSlices: the same facts one hop earlier, and pods carry
-    the autoscaler's draining mark.
-    """
-    found: dict[str, set[str]] = {}
-    for pod in pods:
-        model = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_MODEL)
-        if not model:
-            continue
-        urls = found.setdefault(model, set())
-        if _serving(pod):
-            status = pod.get("status") or {}
-            addresses = [ip["ip"] for ip in status.get("podIPs") or [] if ip.get("ip")] or [status.get("podIP")]
-            urls.update(_url(address) for address in addresses if address)
-    return {model: sorted(urls) for model, urls in found.items()}
 
 
 def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mapping[str, list[str]]) -> Backend:

@@ -116,7 +116,7 @@ def test_operator_rules_grant_nothing_broad():
 
 
 def test_gateway_reads_the_table_the_operator_writes(default_objects):
-    from sluice_operator.handlers.routing import ROUTING_TABLE, ROUTING_TABLE_KEY
+    from sluice_operator.builders import ROUTING_TABLE, ROUTING_TABLE_KEY
 
     # The operator alone writes the table: a chart copy would be put back over it by every `helm upgrade`.
     assert not [cm for cm in by_kind(default_objects, "ConfigMap") if cm["metadata"]["name"] == ROUTING_TABLE]

@@ -3,7 +3,7 @@ import socket
 
 import aiohttp
 
-from sluice_operator.handlers import health
+from sluice_operator import health
 from sluice_operator.metrics import OperatorMetrics
 
 

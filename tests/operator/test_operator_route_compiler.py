@@ -2,7 +2,8 @@
 from sluice_gateway.routing_table import parse_routing_table
 
 from sluice_operator.crd import InferenceModelSpec, ModelRouteSpec
-from sluice_operator.route_compiler import compile_routes, ready_endpoints
+from sluice_operator.pods import ready_endpoints
+from sluice_operator.route_compiler import compile_routes
 
 
 def _model(**fields):

@@ -1,4 +1,4 @@
-"""Read a runtime pod's load from its Prometheus /metrics (vLLM metric names, DESIGN.md)."""
+"""Read a runtime pod's load from its Prometheus /metrics (the runtime's names, from sluice_contracts)."""
 from __future__ import annotations
 
 import asyncio
@@ -6,10 +6,8 @@ from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from sluice_contracts.metric_names import KV_CACHE_USAGE, MODEL_LABEL, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING
 
-KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
 SCRAPE_TIMEOUT_SECONDS = 3.0
 
 
@@ -30,20 +28,20 @@ def parse_runtime_metrics(text: str, served_model_name: str) -> RuntimeLoad:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name not in (KV_CACHE_USAGE, WAITING, RUNNING):
+                if sample.name not in (KV_CACHE_USAGE, NUM_REQUESTS_WAITING, NUM_REQUESTS_RUNNING):
                     continue
-                model = sample.labels.get("model_name")
+                model = sample.labels.get(MODEL_LABEL)
                 if model is not None and model != served_model_name:
                     continue
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
     except ValueError as exc:
         raise MetricsError(f"unparsable /metrics: {exc}") from None
-    missing = [name for name in (KV_CACHE_USAGE, WAITING, RUNNING) if name not in values]
+    missing = [name for name in (KV_CACHE_USAGE, NUM_REQUESTS_WAITING, NUM_REQUESTS_RUNNING) if name not in values]
     if missing:
         raise MetricsError(f"/metrics lacks {', '.join(missing)} for model {served_model_name!r}")
     if any(v != v for v in values.values()):
         raise MetricsError("/metrics reports NaN")
-    return RuntimeLoad(values[KV_CACHE_USAGE], values[WAITING], values[RUNNING])
+    return RuntimeLoad(values[KV_CACHE_USAGE], values[NUM_REQUESTS_WAITING], values[NUM_REQUESTS_RUNNING])
 
 
 async def scrape(session: aiohttp.ClientSession, base_url: str, served_model_name: str) -> RuntimeLoad:

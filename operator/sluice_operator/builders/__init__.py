@@ -4,12 +4,14 @@ from typing import Any
 from ..crd import InferenceModelSpec
 from .deployment import build_deployment
 from .disruption_budget import build_disruption_budget
-from .names import LABEL_MODEL, Owner, labels, model_owner_references, selector_labels, selector_string
+from .names import (GENERATION_ANNOTATION, LABEL_MODEL, Owner, labels, managed_labels, model_owner_references,
+                    selector_labels, selector_string)
 from .ownership import conflict_message, controlled_by, foreign
 from .release import (NetworkPeers, Release, build_credential_copy, build_credential_source,
                       build_runtime_network_policy, read_credential)
+from .routing_table import ROUTING_TABLE, ROUTING_TABLE_KEY, build_routing_table
 from .service import build_service
-from .status import GENERATION_ANNOTATION, Observed, model_status
+from .status import Observed, model_status
 
 
 def build_all(owner: Owner, spec: InferenceModelSpec, release: Release | None = None) -> list[dict[str, Any]]:
@@ -19,8 +21,9 @@ def build_all(owner: Owner, spec: InferenceModelSpec, release: Release | None = 
 
 
 __all__ = [
-    "GENERATION_ANNOTATION", "LABEL_MODEL", "NetworkPeers", "Observed", "Owner", "Release", "model_status",
-    "build_all", "build_credential_copy", "build_credential_source", "build_deployment", "build_disruption_budget",
-    "build_runtime_network_policy", "conflict_message", "controlled_by", "foreign",
-    "build_service", "labels", "model_owner_references", "read_credential", "selector_labels", "selector_string",
+    "GENERATION_ANNOTATION", "LABEL_MODEL", "NetworkPeers", "Observed", "Owner", "ROUTING_TABLE", "ROUTING_TABLE_KEY",
+    "Release", "model_status", "build_all", "build_credential_copy", "build_credential_source", "build_deployment",
+    "build_disruption_budget", "build_routing_table", "build_runtime_network_policy", "conflict_message",
+    "controlled_by", "foreign", "build_service", "labels", "managed_labels", "model_owner_references",
+    "read_credential", "selector_labels", "selector_string",
 ]

@@ -8,8 +8,7 @@ from typing import Any
 from sluice_contracts import runtime_credential
 
 from ..crd import RUNTIME_PORT, InferenceModelSpec
-from .names import Owner, labels, selector_labels
-from .status import GENERATION_ANNOTATION
+from .names import GENERATION_ANNOTATION, Owner, labels, selector_labels
 from .pod_security import container_security_context, pod_security_context, writable_env, writable_volumes
 from .runtime_args import model_mount, runtime_args
 
@@ -61,6 +60,44 @@ def _credential_volume(secret: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return volume, {"name": "runtime-credential", "mountPath": runtime_credential.MOUNT_DIR, "readOnly": True}
 
 
+def _container(spec: InferenceModelSpec, args: list[str], env: list[dict[str, Any]],
+               mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": CONTAINER,
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": ["sluice-runtime"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": _resources(spec),
+        "volumeMounts": mounts,
+        "startupProbe": _probe(
+            "/ready", PROBE_PERIOD_SECONDS, math.ceil(spec.runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
+        ),
+        "readinessProbe": _probe("/ready", 5, 2),
+        "livenessProbe": _probe("/health", PROBE_PERIOD_SECONDS, 3, timeout=5),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        "securityContext": container_security_context(),
+    }
+
+
+def _pod_spec(spec: InferenceModelSpec, container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": spec.rollout.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+    }
+    if spec.resources.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.resources.node_selector)
+    if spec.resources.tolerations:
+        pod_spec["tolerations"] = [t.wire() for t in spec.resources.tolerations]
+    return pod_spec
+
+
 def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None = None) -> dict[str, Any]:
     """`credential_secret`: the release's runtime credential (none: the runtime checks no credential)."""
     mount = model_mount(spec)
@@ -83,36 +120,8 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
         {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu))},
         *mount.env,
     ]
-    container = {
-        "name": CONTAINER,
-        "image": spec.runtime.image,
-        "imagePullPolicy": spec.runtime.image_pull_policy,
-        "command": ["sluice-runtime"],
-        "args": args,
-        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
-        "env": env,
-        "resources": _resources(spec),
-        "volumeMounts": mounts,
-        "startupProbe": _probe(
-            "/ready", PROBE_PERIOD_SECONDS, math.ceil(spec.runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
-        ),
-        "readinessProbe": _probe("/ready", 5, 2),
-        "livenessProbe": _probe("/health", PROBE_PERIOD_SECONDS, 3, timeout=5),
-        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
-        "securityContext": container_security_context(),
-    }
-    pod_spec: dict[str, Any] = {
-        "containers": [container],
-        "volumes": volumes,
-        "terminationGracePeriodSeconds": spec.rollout.termination_grace_period_seconds,
-        "enableServiceLinks": False,
-        "automountServiceAccountToken": False,
-        "securityContext": pod_security_context(),
-    }
-    if spec.resources.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.resources.node_selector)
-    if spec.resources.tolerations:
-        pod_spec["tolerations"] = [t.wire() for t in spec.resources.tolerations]
+    container = _container(spec, args, env, mounts)
+    pod_spec = _pod_spec(spec, container, volumes)
     metadata = owner.metadata()
     metadata["annotations"] = {GENERATION_ANNOTATION: str(owner.generation)}
     return {

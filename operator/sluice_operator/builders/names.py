@@ -36,6 +36,14 @@ class Owner:
 
 
 RUNTIME_APP = "sluice-runtime"
+PART_OF = "sluice"
+# The generation an object was built from: the model's on its Deployment, the table's on the routing table.
+GENERATION_ANNOTATION = "sluice.dev/generation"
+
+
+def managed_labels() -> dict[str, str]:
+    """What every object the operator makes carries."""
+    return {"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/part-of": PART_OF}
 
 
 def selector_labels(name: str) -> dict[str, str]:
@@ -51,8 +59,7 @@ def labels(name: str) -> dict[str, str]:
     return {
         **selector_labels(name),
         "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        "app.kubernetes.io/part-of": "sluice",
+        **managed_labels(),
     }
 
 

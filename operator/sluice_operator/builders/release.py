@@ -13,8 +13,8 @@ from typing import Any
 
 from sluice_contracts import runtime_credential
 
-from ..crd import MANAGED_BY, RUNTIME_PORT
-from .names import model_owner_references, runtime_pod_labels
+from ..crd import RUNTIME_PORT
+from .names import managed_labels, model_owner_references, runtime_pod_labels
 
 # The label the API server puts on every namespace: a namespace selector nobody can forge.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -47,8 +47,7 @@ class Release:
 
 
 def release_labels(release: Release) -> dict[str, str]:
-    return {"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/part-of": "sluice",
-            LABEL_RELEASE: release.name}
+    return {**managed_labels(), LABEL_RELEASE: release.name}
 
 
 def read_credential(secret: dict[str, Any] | None) -> str | None:

@@ -6,9 +6,7 @@ from typing import Any
 
 from ..crd import Condition
 from ..crd.status import merge_conditions
-from .names import selector_string
-
-GENERATION_ANNOTATION = "sluice.dev/generation"
+from .names import GENERATION_ANNOTATION, selector_string
 
 
 @dataclass(frozen=True)
@@ -28,6 +26,25 @@ def _deployment_condition(deployment: dict[str, Any], kind: str) -> dict[str, An
         if condition.get("type") == kind:
             return condition
     return {}
+
+
+def _degraded(observed: Observed, deployment: dict[str, Any]) -> Condition:
+    """The first problem seen, most specific first: our own apply, the scheduler, the Deployment's rollout."""
+    deadline = _deployment_condition(deployment, "Progressing")
+    failure = _deployment_condition(deployment, "ReplicaFailure")
+    if observed.apply_error:
+        reason, message = observed.apply_error
+        return Condition(type="Degraded", status="True", reason=reason, message=message)
+    if observed.unschedulable:
+        return Condition(type="Degraded", status="True", reason="Unschedulable",
+                         message=f"a runtime pod cannot be scheduled: {observed.unschedulable}")
+    if deadline.get("reason") == "ProgressDeadlineExceeded":
+        return Condition(type="Degraded", status="True", reason="ProgressDeadlineExceeded",
+                         message=deadline.get("message", "the rollout is stuck"))
+    if failure.get("status") == "True":
+        return Condition(type="Degraded", status="True", reason="ReplicaFailure",
+                         message=failure.get("message", "pods cannot be created"))
+    return Condition(type="Degraded", status="False", reason="AsExpected", message="no problem seen")
 
 
 def model_status(observed: Observed, existing: dict[str, Any], now: str) -> dict[str, Any]:
@@ -62,23 +79,7 @@ def model_status(observed: Observed, existing: dict[str, Any], now: str) -> dict
         progressing = Condition(type="Progressing", status="True", reason="RollingOut",
                                 message=f"{updated}/{desired} replicas updated to generation {gen}, {ready} ready")
 
-    deadline = _deployment_condition(deployment, "Progressing")
-    failure = _deployment_condition(deployment, "ReplicaFailure")
-    if observed.apply_error:
-        reason, message = observed.apply_error
-        degraded = Condition(type="Degraded", status="True", reason=reason, message=message)
-    elif observed.unschedulable:
-        degraded = Condition(type="Degraded", status="True", reason="Unschedulable",
-                             message=f"a runtime pod cannot be scheduled: {observed.unschedulable}")
-    elif deadline.get("reason") == "ProgressDeadlineExceeded":
-        degraded = Condition(type="Degraded", status="True", reason="ProgressDeadlineExceeded",
-                             message=deadline.get("message", "the rollout is stuck"))
-    elif failure.get("status") == "True":
-        degraded = Condition(type="Degraded", status="True", reason="ReplicaFailure",
-                             message=failure.get("message", "pods cannot be created"))
-    else:
-        degraded = Condition(type="Degraded", status="False", reason="AsExpected", message="no problem seen")
-
+    degraded = _degraded(observed, deployment)
     wanted = [c.model_copy(update={"observed_generation": gen}) for c in (ready_c, progressing, degraded)]
     status: dict[str, Any] = {
         "observedGeneration": gen if observed.apply_error is None else existing.get("observedGeneration"),

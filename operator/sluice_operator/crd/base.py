@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, WithJsonSchema
@@ -90,3 +91,33 @@ IntOrPercent = Annotated[
         }
     ),
 ]
+
+
+# The last printer columns of every kind: its readiness in a word, and its age.
+STATUS_AND_AGE_COLUMNS = (
+    {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A custom resource: the names the API server knows it by, its models and what `kubectl get` shows."""
+
+    kind: str
+    plural: str
+    short_names: list[str]
+    spec: type
+    status: type
+    description: str
+    columns: list[dict[str, str]]  # printer columns before Status and Age
+    root_rules: list[dict[str, str]] = field(default_factory=list)
+    scale: dict[str, str] | None = None
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    @property
+    def printer_columns(self) -> list[dict[str, str]]:
+        return [*self.columns, *STATUS_AND_AGE_COLUMNS]

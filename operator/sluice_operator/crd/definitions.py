@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import GROUP, VERSION
+from .base import GROUP, VERSION, Kind
 from .schema import structural_schema
 
-# kopf's peering resources: leader election among operator replicas (see handlers.settings).
+# kopf's peering resources: leader election among operator replicas (see runner.py).
 PEERING_GROUP = "kopf.dev"
 
 
-def custom_resource_definition(kind: Any) -> dict[str, Any]:
+def custom_resource_definition(kind: Kind) -> dict[str, Any]:
     spec_schema = structural_schema(kind.spec)
     status_schema = structural_schema(kind.status)
     root: dict[str, Any] = {
@@ -35,52 +35,29 @@ def custom_resource_definition(kind: Any) -> dict[str, Any]:
         "subresources": {"status": {}, **({"scale": kind.scale} if kind.scale else {})},
         "additionalPrinterColumns": kind.printer_columns,
     }
+    names = {"kind": kind.kind, "listKind": f"{kind.kind}List", "plural": kind.plural, "singular": kind.singular,
+             "shortNames": kind.short_names, "categories": ["sluice"]}
+    return _definition(GROUP, "Namespaced", names, version)
+
+
+def _definition(group: str, scope: str, names: dict[str, Any], version: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{kind.plural}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "sluice"}},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": kind.kind,
-                "listKind": f"{kind.kind}List",
-                "plural": kind.plural,
-                "singular": kind.singular,
-                "shortNames": kind.short_names,
-                "categories": ["sluice"],
-            },
-            "versions": [version],
-        },
+        "metadata": {"name": f"{names['plural']}.{group}", "labels": {"app.kubernetes.io/part-of": "sluice"}},
+        "spec": {"group": group, "scope": scope, "names": names, "versions": [version]},
     }
 
 
 def peering_definition(kind: str, plural: str, scope: str) -> dict[str, Any]:
     """kopf keeps each operator replica's heartbeat in the status of one of these objects."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{PEERING_GROUP}", "labels": {"app.kubernetes.io/part-of": "sluice"}},
-        "spec": {
-            "group": PEERING_GROUP,
-            "scope": scope,
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "Operator replicas announce themselves here; the highest priority acts.",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                }
-            ],
-        },
+    schema = {
+        "type": "object",
+        "description": "Operator replicas announce themselves here; the highest priority acts.",
+        "x-kubernetes-preserve-unknown-fields": True,
     }
+    version = {"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}
+    return _definition(PEERING_GROUP, scope, {"kind": kind, "plural": plural, "singular": kind.lower()}, version)
 
 
 def all_definitions() -> dict[str, dict[str, Any]]:

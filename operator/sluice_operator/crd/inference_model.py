@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from sluice_contracts import runtime_flags
+from sluice_contracts.runtime_flags import BLOCK_SIZES, DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
 
-from .base import IntOrPercent, Quantity, SpecModel, StatusModel, cel
+from .base import IntOrPercent, Kind, Quantity, SpecModel, StatusModel, cel
 from .status import Condition, conditions_schema_extra
 
 EMBEDDED_MODEL = "smollm2"
@@ -107,10 +109,12 @@ class RuntimeSpec(SpecModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
-    max_model_len: int = Field(default=2048, ge=16, le=1048576, description="Longest prompt plus output, in tokens.")
-    max_num_seqs: int = Field(default=64, ge=1, le=4096, description="Most sequences decoded together in one step.")
-    dtype: Literal["float32", "float16", "bfloat16", "auto"] = Field(
-        default="float32",
+    max_model_len: int = Field(default=2048, ge=MAX_MODEL_LEN.minimum, le=MAX_MODEL_LEN.maximum,
+                               description="Longest prompt plus output, in tokens.")
+    max_num_seqs: int = Field(default=64, ge=MAX_NUM_SEQS.minimum, le=MAX_NUM_SEQS.maximum,
+                              description="Most sequences decoded together in one step.")
+    dtype: str = Field(
+        default="float32", json_schema_extra={"enum": list(DTYPES)},
         description="Weight and activation precision; float32 suits CPUs, bfloat16 most GPUs; auto: bfloat16 "
                     "where the node's hardware computes it natively, else float32.",
     )
@@ -118,7 +122,8 @@ class RuntimeSpec(SpecModel):
         default="1Gi", pattern=KV_CACHE_PATTERN, max_length=32,
         description="Memory reserved for the paged KV cache, in binary units such as 512Mi or 8Gi.",
     )
-    block_size: int = Field(default=16, ge=1, le=256, description="Tokens per KV-cache block.")
+    block_size: int = Field(default=16, json_schema_extra={"enum": list(BLOCK_SIZES)},
+                            description="Tokens per KV-cache block, a power of two.")
     prefix_caching: bool = Field(default=True, description="Reuse KV-cache blocks of shared prompt prefixes.")
     startup_timeout_seconds: int = Field(
         default=600, ge=30, le=7200,
@@ -133,6 +138,20 @@ class RuntimeSpec(SpecModel):
                                              MSG_CREDENTIAL_ARG)],
         },
     )
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in DTYPES:
+            raise ValueError(runtime_flags.dtype_message(value))
+        return value
+
+    @field_validator("block_size")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value not in BLOCK_SIZES:
+            raise ValueError(runtime_flags.block_size_message(value))
+        return value
 
     @field_validator("args")
     @classmethod
@@ -248,7 +267,8 @@ class InferenceModelSpec(SpecModel):
         default_factory=ResourcesSpec, description="Compute of each runtime pod and where it may run.",
         json_schema_extra={"default": ResourcesSpec().wire()},
     )
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one replica shards the model across.")
+    tensor_parallel_size: int = Field(default=1, ge=TENSOR_PARALLEL_SIZE.minimum, le=TENSOR_PARALLEL_SIZE.maximum,
+                                      description="GPUs one replica shards the model across.")
     capabilities: Capabilities = Field(
         default_factory=Capabilities, description="What the model can do; the gateway routes by it.",
         json_schema_extra={"default": Capabilities().wire()},
@@ -316,32 +336,28 @@ class InferenceModelStatus(StatusModel):
     autoscaler: AutoscalerDecision | None = Field(default=None, description="The autoscaler's last decision.")
 
 
-class InferenceModel:
-    """Names the API server knows this kind by."""
-
-    kind: ClassVar[str] = "InferenceModel"
-    plural: ClassVar[str] = "inferencemodels"
-    singular: ClassVar[str] = "inferencemodel"
-    short_names: ClassVar[list[str]] = ["im"]
-    spec: ClassVar[type] = InferenceModelSpec
-    status: ClassVar[type] = InferenceModelStatus
-    description: ClassVar[str] = (
+InferenceModel = Kind(
+    kind="InferenceModel",
+    plural="inferencemodels",
+    short_names=["im"],
+    spec=InferenceModelSpec,
+    status=InferenceModelStatus,
+    description=(
         "A served model: Sluice runs its runtime pods (Deployment, Service, PodDisruptionBudget), "
         "publishes their ready endpoints to the gateway's routing table and scales them on load."
-    )
-    printer_columns: ClassVar[list[dict]] = [
+    ),
+    columns=[
         {"name": "Model", "type": "string", "jsonPath": ".spec.model.source"},
         {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Endpoints", "type": "integer", "jsonPath": ".status.endpoints"},
-        {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
-    root_rules: ClassVar[list[dict]] = [
+    ],
+    root_rules=[
         cel("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", MSG_NAME)
-    ]
-    scale: ClassVar[dict | None] = {
+    ],
+    scale={
         "specReplicasPath": ".spec.replicas",
         "statusReplicasPath": ".status.replicas",
         "labelSelectorPath": ".status.selector",
-    }
+    },
+)

@@ -1,11 +1,11 @@
 """ModelRoute: a public model name spread over InferenceModels by weight, with fallbacks."""
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .base import SpecModel, StatusModel, cel
+from .base import Kind, SpecModel, StatusModel, cel
 from .status import Condition, conditions_schema_extra
 
 MSG_WEIGHTS = "at least one backend needs a weight above 0"
@@ -78,25 +78,19 @@ class ModelRouteStatus(StatusModel):
     ready_backends: int | None = Field(default=None, description="Backends with at least one ready endpoint.")
 
 
-class ModelRoute:
-    """Names the API server knows this kind by."""
-
-    kind: ClassVar[str] = "ModelRoute"
-    plural: ClassVar[str] = "modelroutes"
-    singular: ClassVar[str] = "modelroute"
-    short_names: ClassVar[list[str]] = ["mr"]
-    spec: ClassVar[type] = ModelRouteSpec
-    status: ClassVar[type] = ModelRouteStatus
-    description: ClassVar[str] = (
+ModelRoute = Kind(
+    kind="ModelRoute",
+    plural="modelroutes",
+    short_names=["mr"],
+    spec=ModelRouteSpec,
+    status=ModelRouteStatus,
+    description=(
         "A public model name: the gateway spreads its requests over the listed InferenceModels by weight "
         "and tries the fallbacks in order when none can serve."
-    )
-    printer_columns: ClassVar[list[dict]] = [
+    ),
+    columns=[
         {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
         {"name": "Affinity", "type": "string", "jsonPath": ".spec.affinity"},
         {"name": "Endpoints", "type": "integer", "jsonPath": ".status.endpoints"},
-        {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
-    root_rules: ClassVar[list[dict]] = []
-    scale: ClassVar[dict | None] = None
+    ],
+)

@@ -9,39 +9,29 @@ from typing import Any
 import aiohttp
 import kopf
 
-from ..autoscaler import History, MetricsError, Observation, PodSample, Targets, decide, pick_victims, scrape
+from ..autoscaler import (Decision, History, MetricsError, Observation, PodSample, Targets, decide, pick_victims,
+                          scrape)
 from ..builders import selector_string
-from ..crd import RUNTIME_PORT, InferenceModelSpec
+from ..crd import InferenceModel, InferenceModelSpec
 from ..crd.inference_model import AutoscalerDecision, AutoscalerMetrics
-from .model_status import now, request_refresh, unschedulable_message
-from ..route_compiler import DRAINING_ANNOTATION
+from ..pods import DRAINING_ANNOTATION, addresses, base_url, pending_count, ready, unschedulable_message
+from ..state import OperatorState, PendingDrain
+from .model_status import now, request_refresh
 from .routing import request_compile
-from .state import OperatorState, PendingDrain
 
 log = logging.getLogger(__name__)
-PLURAL = "inferencemodels"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    status = pod.get("status") or {}
-    if pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-
-
-def _base_url(ip: str) -> str:
-    return f"http://[{ip}]:{RUNTIME_PORT}" if ":" in ip else f"http://{ip}:{RUNTIME_PORT}"
-
-
 async def _observe(pods: list[dict[str, Any]], served: str, current: int) -> Observation:
-    ready = [p for p in pods if _ready(p)]
+    # A draining pod is still scraped: the scale-down that follows needs to see it.
+    scraped = [p for p in pods if ready(p)]
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
-            *(scrape(session, _base_url(p["status"]["podIP"]), served) for p in ready), return_exceptions=True
+            *(scrape(session, base_url(addresses(p)[0]), served) for p in scraped), return_exceptions=True
         )
     samples, failures = [], []
-    for pod, result in zip(ready, results):
+    for pod, result in zip(scraped, results):
         name = pod["metadata"]["name"]
         if isinstance(result, MetricsError):
             failures.append((name, str(result)))
@@ -50,7 +40,7 @@ async def _observe(pods: list[dict[str, Any]], served: str, current: int) -> Obs
         else:
             samples.append(PodSample(name, result.kv_cache_usage, result.waiting, result.running))
     unschedulable = unschedulable_message(pods)
-    pending = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Pending") if unschedulable else 0
+    pending = pending_count(pods) if unschedulable else 0
     return Observation(current, tuple(samples), tuple(failures), pending, unschedulable)
 
 
@@ -59,6 +49,27 @@ async def _set_draining(state: OperatorState, namespace: str, pods: list[str], d
         DRAINING_ANNOTATION: None, DELETION_COST: None}
     await asyncio.gather(*(state.kube.annotate_pod(namespace, pod, annotations) for pod in pods))
     request_compile(state, namespace)
+
+
+async def _drain_first(state: OperatorState, namespace: str, uid: str, decision: Decision,
+                       samples: tuple[PodSample, ...]) -> tuple[int, str]:
+    """The replicas to ask for now, and why. A scale-down first takes its victims out of the routing table and
+    holds; the next tick, finding the same victims still drained, removes them once no new request arrives."""
+    desired, reason = decision.desired_replicas, decision.reason
+    pending = state.drains.get(uid)
+    if decision.action == "ScaleDown" and samples:
+        victims = pick_victims(samples, decision.current_replicas - desired)
+        if pending is None or pending.replicas != desired or not set(pending.pods) <= {s.pod for s in samples}:
+            if pending is not None:
+                await _set_draining(state, namespace, pending.pods, False)
+            state.drains[uid] = PendingDrain(victims, desired)
+            await _set_draining(state, namespace, victims, True)
+            return decision.current_replicas, f"{reason}; draining {', '.join(victims)} first"
+        state.drains.pop(uid, None)
+    elif pending is not None:
+        state.drains.pop(uid, None)
+        await _set_draining(state, namespace, pending.pods, False)
+    return desired, reason
 
 
 async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name: str, uid: str) -> None:
@@ -73,23 +84,7 @@ async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name:
     history = state.histories.setdefault(uid, History())
     decision = decide(targets, observation, history, time.monotonic())
 
-    desired, reason = decision.desired_replicas, decision.reason
-    pending = state.drains.get(uid)
-    if decision.action == "ScaleDown" and bool(observation.samples):
-        victims = pick_victims(observation.samples, decision.current_replicas - desired)
-        if pending is None or pending.replicas != desired or not set(pending.pods) <= {s.pod for s in observation.samples}:
-            # First take them out of the routing table; the next tick removes them once no new request arrives.
-            if pending is not None:
-                await _set_draining(state, namespace, pending.pods, False)
-            state.drains[uid] = PendingDrain(victims, desired)
-            await _set_draining(state, namespace, victims, True)
-            desired, reason = decision.current_replicas, f"{reason}; draining {', '.join(victims)} first"
-        else:
-            state.drains.pop(uid, None)
-    elif pending is not None:
-        state.drains.pop(uid, None)
-        await _set_draining(state, namespace, pending.pods, False)
-
+    desired, reason = await _drain_first(state, namespace, uid, decision, observation.samples)
     record = AutoscalerDecision(
         time=now(),
         action="Hold" if desired == decision.current_replicas else decision.action,
@@ -106,7 +101,7 @@ async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name:
     if observation.failures:
         state.metrics.scrape_failures.labels(namespace, name).inc(len(observation.failures))
     if desired != decision.current_replicas:
-        await state.kube.scale(PLURAL, namespace, name, desired)
+        await state.kube.scale(InferenceModel.plural, namespace, name, desired)
         kopf.info(body, reason="Scaled", message=f"{decision.current_replicas} → {desired} replicas: {reason}")
         log.info("%s/%s: %d → %d (%s)", namespace, name, decision.current_replicas, desired, reason)
     elif previous is None or previous.get("reason", "").split(":")[0] != reason.split(":")[0]:

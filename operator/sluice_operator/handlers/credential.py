@@ -12,8 +12,8 @@ import secrets
 from kubernetes.client.rest import ApiException
 
 from ..builders import build_credential_source, read_credential
+from ..state import OperatorState
 from .routing import request_compile
-from .state import OperatorState
 
 log = logging.getLogger(__name__)
 CREDENTIAL_BYTES = 32

@@ -5,6 +5,7 @@ over: the model reports the conflict and waits, and nothing is applied until the
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kopf
@@ -12,15 +13,13 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from ..builders import Owner, build_all, conflict_message, foreign
-from ..crd import InferenceModelSpec
+from ..crd import InferenceModel, InferenceModelSpec
+from ..state import OperatorState
 from . import release_objects
-from .model_status import PLURAL, refresh
-from .state import OperatorState
+from .model_status import refresh
 
 
 def _api_message(exc: ApiException) -> str:
-    import json
-
     try:
         return json.loads(exc.body).get("message") or str(exc.reason)
     except (TypeError, ValueError):
@@ -55,7 +54,7 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"], generation=meta.get("generation", 1))
     if state.release is not None and state.credential is None:
         raise kopf.TemporaryError("waiting for the runtime credential", delay=2)
-    in_the_way = await release_objects.sync(state, namespace, await state.kube.list_custom(PLURAL, namespace),
+    in_the_way = await release_objects.sync(state, namespace, await state.kube.list_custom(InferenceModel.plural, namespace),
                                             always=True)
     manifests = build_all(owner, spec, state.release)
     existing = [await state.kube.read(m["kind"], namespace, name) for m in manifests]

@@ -2,32 +2,23 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
 
 from ..builders import Observed, controlled_by, model_status, selector_string
-from .state import OperatorState
-
-PLURAL = "inferencemodels"
+from ..crd import InferenceModel
+from ..pods import unschedulable_message
+from ..state import OperatorState
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def unschedulable_message(pods: list[dict[str, Any]]) -> str:
-    for pod in pods:
-        for condition in (pod.get("status") or {}).get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-                return condition.get("message") or "no node fits the pod"
-    return ""
-
-
 async def refresh(state: OperatorState, namespace: str, name: str) -> None:
-    model = await state.kube.get_custom(PLURAL, namespace, name)
+    model = await state.kube.get_custom(InferenceModel.plural, namespace, name)
     if model is None:
         return
     uid = model["metadata"]["uid"]
-    deployment = await state.kube.get_deployment(namespace, name)
+    deployment = await state.kube.read("Deployment", namespace, name)
     pods = await state.kube.list_pods(namespace, selector_string(name))
     observed = Observed(
         name=name,
@@ -45,7 +36,7 @@ async def refresh(state: OperatorState, namespace: str, name: str) -> None:
     elif "autoscaler" in existing:
         status["autoscaler"] = existing["autoscaler"]
     if status != existing:
-        await state.kube.patch_status(PLURAL, namespace, name, status)
+        await state.kube.patch_status(InferenceModel.plural, namespace, name, status)
 
 
 def request_refresh(state: OperatorState, namespace: str, name: str) -> None:

@@ -6,29 +6,29 @@ from typing import Any
 
 import kopf
 
-from ..crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION
+from ..crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION, InferenceModel, ModelRoute
+from ..state import OperatorState
 from . import autoscaling, inference_model
 from .model_status import request_refresh
 from .routing import request_compile
-from .state import OperatorState
 
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
-    @kopf.on.create(GROUP, VERSION, "inferencemodels", registry=registry)
-    @kopf.on.update(GROUP, VERSION, "inferencemodels", registry=registry)
-    @kopf.on.resume(GROUP, VERSION, "inferencemodels", registry=registry)
+    @kopf.on.create(GROUP, VERSION, InferenceModel.plural, registry=registry)
+    @kopf.on.update(GROUP, VERSION, InferenceModel.plural, registry=registry)
+    @kopf.on.resume(GROUP, VERSION, InferenceModel.plural, registry=registry)
     async def reconcile_model(body: kopf.Body, reason: Any, **_: Any) -> None:
         await inference_model.reconcile(state, dict(body), str(getattr(reason, "value", reason)))
 
-    @kopf.on.event(GROUP, VERSION, "inferencemodels", registry=registry)
+    @kopf.on.event(GROUP, VERSION, InferenceModel.plural, registry=registry)
     async def model_changed(type: str, namespace: str, name: str, uid: str, **_: Any) -> None:
         if type == "DELETED":
             state.forget(namespace, name, uid)
         request_compile(state, namespace)
 
-    @kopf.on.event(GROUP, VERSION, "modelroutes", registry=registry)
+    @kopf.on.event(GROUP, VERSION, ModelRoute.plural, registry=registry)
     async def route_changed(namespace: str, **_: Any) -> None:
         request_compile(state, namespace)
 
@@ -41,7 +41,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     async def deployment_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
         request_refresh(state, namespace, labels[LABEL_MODEL])
 
-    @kopf.timer(GROUP, VERSION, "inferencemodels", interval=state.autoscale_interval,
+    @kopf.timer(GROUP, VERSION, InferenceModel.plural, interval=state.autoscale_interval,
                 when=lambda spec, **_: bool(spec.get("autoscaling")), registry=registry)
     async def autoscale(body: kopf.Body, namespace: str, name: str, uid: str, logger: logging.Logger, **_: Any) -> None:
         await autoscaling.tick(state, dict(body), namespace, name, uid)

@@ -13,7 +13,7 @@ from typing import Any
 from ..builders import build_credential_copy, build_runtime_network_policy
 from ..builders.release import LABEL_RELEASE
 from ..crd import MANAGED_BY
-from .state import OperatorState
+from ..state import OperatorState
 
 
 def _names(state: OperatorState, namespace: str) -> list[tuple[str, str]]:

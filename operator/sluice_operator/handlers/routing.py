@@ -8,24 +8,22 @@ import kopf
 from pydantic import ValidationError
 from sluice_gateway.routing_table import RoutingTable, RoutingTableError, parse_routing_table
 
-from ..builders import model_owner_references
-from ..crd import LABEL_MODEL, Condition, InferenceModelSpec, ModelRouteSpec
+from ..builders import ROUTING_TABLE, ROUTING_TABLE_KEY, build_routing_table
+from ..crd import LABEL_MODEL, Condition, InferenceModel, InferenceModelSpec, ModelRoute, ModelRouteSpec
 from ..crd.status import merge_conditions
-from ..route_compiler import RouteVerdict, compile_routes, ready_endpoints
+from ..pods import ready_endpoints
+from ..route_compiler import RouteVerdict, compile_routes
+from ..state import OperatorState
 from . import release_objects
 from .model_status import now, request_refresh
-from .state import OperatorState
 
 log = logging.getLogger(__name__)
-
-ROUTING_TABLE = "sluice-routing-table"
-ROUTING_TABLE_KEY = "routing-table.json"
 
 
 async def _previous(state: OperatorState, namespace: str) -> RoutingTable | None:
     if namespace in state.tables:
         return state.tables[namespace]
-    existing = await state.kube.get_config_map(namespace, ROUTING_TABLE)
+    existing = await state.kube.read("ConfigMap", namespace, ROUTING_TABLE)
     text = ((existing or {}).get("data") or {}).get(ROUTING_TABLE_KEY)
     if not text:
         return None
@@ -34,21 +32,6 @@ async def _previous(state: OperatorState, namespace: str) -> RoutingTable | None
     except RoutingTableError:
         log.warning("replacing unreadable routing table in %s", namespace)
         return None
-
-
-def _config_map(namespace: str, table: RoutingTable, models: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": ROUTING_TABLE,
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "sluice-operator", "app.kubernetes.io/part-of": "sluice"},
-            "annotations": {"sluice.dev/generation": str(table.generation)},
-            "ownerReferences": model_owner_references(models),
-        },
-        "data": {ROUTING_TABLE_KEY: table.to_json()},
-    }
 
 
 def _route_status(verdict: RouteVerdict, generation: int, existing: dict[str, Any]) -> dict[str, Any]:
@@ -76,20 +59,9 @@ async def compile_namespace(state: OperatorState, namespace: str) -> None:
         await _compile_namespace(state, namespace)
 
 
-async def _compile_namespace(state: OperatorState, namespace: str) -> None:
-    kube = state.kube
-    model_objs = await kube.list_custom("inferencemodels", namespace)
-    route_objs = await kube.list_custom("modelroutes", namespace)
-    # A model's own reconcile reports a conflict; here the namespace's objects only follow its models.
-    await release_objects.sync(state, namespace, model_objs)
-    if not model_objs and not route_objs:
-        # No table at all rather than an empty one: nothing is left behind in the namespace, and the
-        # gateway mounts the table as an optional volume, so a missing one means no routes there too.
-        await kube.delete_config_map(namespace, ROUTING_TABLE)
-        state.tables.pop(namespace, None)
-        state.metrics.forget_namespace(namespace)
-        return
-    pods = await kube.list_pods(namespace, LABEL_MODEL)
+def _specs(model_objs: list[dict[str, Any]], route_objs: list[dict[str, Any]]) -> tuple[
+        dict[str, InferenceModelSpec], dict[str, ModelRouteSpec], dict[str, RouteVerdict]]:
+    """The specs that parse, and a verdict for each route that does not."""
     models: dict[str, InferenceModelSpec] = {}
     for obj in model_objs:
         try:
@@ -103,16 +75,12 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
             routes[obj["metadata"]["name"]] = ModelRouteSpec.model_validate(obj.get("spec") or {})
         except ValidationError as exc:
             invalid[obj["metadata"]["name"]] = RouteVerdict(False, "InvalidSpec", str(exc.errors()[0]["msg"]), 0, 0)
-    endpoints = ready_endpoints(pods)
-    previous = await _previous(state, namespace)
-    compiled = compile_routes(models, routes, endpoints, previous)
-    if previous is None or compiled.table.generation != previous.generation:
-        await kube.apply(_config_map(namespace, compiled.table, model_objs))
-        log.info("routing table %s/%s generation %d", namespace, ROUTING_TABLE, compiled.table.generation)
-    state.tables[namespace] = compiled.table
-    state.metrics.table_generation.labels(namespace).set(compiled.table.generation)
+    return models, routes, invalid
 
-    verdicts = {**compiled.verdicts, **invalid}
+
+async def _publish_verdicts(state: OperatorState, namespace: str, route_objs: list[dict[str, Any]],
+                            verdicts: dict[str, RouteVerdict]) -> None:
+    """Each route's status, and an event when its readiness changes reason."""
     for obj in route_objs:
         name = obj["metadata"]["name"]
         existing = obj.get("status") or {}
@@ -122,14 +90,46 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
             if before.get("Ready") != verdicts[name].reason:
                 level = kopf.info if verdicts[name].ready else kopf.warn
                 level(obj, reason=verdicts[name].reason, message=verdicts[name].message)
-            await kube.patch_status("modelroutes", namespace, name, status)
+            await state.kube.patch_status(ModelRoute.plural, namespace, name, status)
 
+
+def _count_endpoints(state: OperatorState, namespace: str, models: list[str], endpoints: dict[str, list[str]]) -> None:
+    """A model whose endpoint count changed gets its status refreshed."""
     for name in models:
         count = len(endpoints.get(name, ()))
         state.metrics.endpoints.labels(namespace, name).set(count)
         if state.endpoint_counts.get((namespace, name)) != count:
             state.endpoint_counts[(namespace, name)] = count
             request_refresh(state, namespace, name)
+
+
+async def _compile_namespace(state: OperatorState, namespace: str) -> None:
+    kube = state.kube
+    model_objs = await kube.list_custom(InferenceModel.plural, namespace)
+    route_objs = await kube.list_custom(ModelRoute.plural, namespace)
+    # A model's own reconcile reports a conflict; here the namespace's objects only follow its models.
+    await release_objects.sync(state, namespace, model_objs)
+    if not model_objs and not route_objs:
+        # No table at all rather than an empty one: nothing is left behind in the namespace, and the
+        # gateway mounts the table as an optional volume, so a missing one means no routes there too.
+        await kube.delete("ConfigMap", namespace, ROUTING_TABLE)
+        state.tables.pop(namespace, None)
+        state.metrics.forget_namespace(namespace)
+        return
+    # A fresh LIST, not a kopf index: kopf relists after a 410 Gone or a peering pause without dropping what
+    # was deleted meanwhile, and a stale pod here would be a dead (or reused) address in the routing table.
+    endpoints = ready_endpoints(await kube.list_pods(namespace, LABEL_MODEL))
+    models, routes, invalid = _specs(model_objs, route_objs)
+    previous = await _previous(state, namespace)
+    compiled = compile_routes(models, routes, endpoints, previous)
+    table = compiled.table
+    if previous is None or table.generation != previous.generation:
+        await kube.apply(build_routing_table(namespace, table.generation, table.to_json(), model_objs))
+        log.info("routing table %s/%s generation %d", namespace, ROUTING_TABLE, table.generation)
+    state.tables[namespace] = table
+    state.metrics.table_generation.labels(namespace).set(table.generation)
+    await _publish_verdicts(state, namespace, route_objs, {**compiled.verdicts, **invalid})
+    _count_endpoints(state, namespace, list(models), endpoints)
 
 
 def request_compile(state: OperatorState, namespace: str) -> None:

@@ -8,9 +8,10 @@ from typing import Any, AsyncIterator
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from ..crd import GROUP, VERSION
+from .crd import GROUP, MANAGED_BY, VERSION
+from .crd.definitions import PEERING_GROUP
 
-FIELD_MANAGER = "sluice-operator"
+FIELD_MANAGER = MANAGED_BY
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 
@@ -21,10 +22,6 @@ def load_config() -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-
-
-def not_found(exc: BaseException) -> bool:
-    return isinstance(exc, ApiException) and exc.status == 404
 
 
 class Kube:
@@ -40,6 +37,15 @@ class Kube:
     async def _call(self, fn, *args, **kwargs) -> Any:
         result = await asyncio.to_thread(fn, *args, **kwargs)
         return self._sanitize(result) if result is not None and not isinstance(result, dict) else result
+
+    async def _call_unless(self, status: int, fn, *args, **kwargs) -> Any:
+        """`_call`, with None for the one answer that means "already as wanted": 404 (gone) or 409 (exists)."""
+        try:
+            return await self._call(fn, *args, **kwargs)
+        except ApiException as exc:
+            if exc.status == status:
+                return None
+            raise
 
     async def apply(self, manifest: dict[str, Any], force: bool = True) -> dict[str, Any]:
         """Server-side apply: only the fields we set are ours, so other controllers' fields survive. `force`
@@ -68,23 +74,15 @@ class Kube:
             "Secret": self.core.read_namespaced_secret,
             "NetworkPolicy": self.networking.read_namespaced_network_policy,
         }[kind]
-        try:
-            return await self._call(read, name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._call_unless(404, read, name, namespace)
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         delete = {
+            "ConfigMap": self.core.delete_namespaced_config_map,
             "Secret": self.core.delete_namespaced_secret,
             "NetworkPolicy": self.networking.delete_namespaced_network_policy,
         }[kind]
-        try:
-            await self._call(delete, name, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self._call_unless(404, delete, name, namespace)
 
     async def patch_secret_if_unchanged(self, namespace: str, name: str, resource_version: str,
                                         patch: dict[str, Any]) -> None:
@@ -119,64 +117,26 @@ class Kube:
                 raise item
             yield item
 
-    async def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await self._call(self.apps.read_namespaced_deployment, name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         result = await self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
         return result.get("items") or []
 
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
-        try:
-            await self._call(
-                self.core.patch_namespaced_pod, name, namespace, {"metadata": {"annotations": annotations}},
-                _content_type=MERGE,
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await self._call(self.core.read_namespaced_config_map, name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    async def delete_config_map(self, namespace: str, name: str) -> None:
-        try:
-            await self._call(self.core.delete_namespaced_config_map, name, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self._call_unless(404, self.core.patch_namespaced_pod, name, namespace,
+                                {"metadata": {"annotations": annotations}}, _content_type=MERGE)
 
     async def list_custom(self, plural: str, namespace: str) -> list[dict[str, Any]]:
         result = await self._call(self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural)
         return result.get("items") or []
 
     async def get_custom(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._call_unless(404, self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace,
+                                       plural, name)
 
     async def patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        try:
-            await self._call(
-                self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, plural, name,
-                {"status": status}, _content_type=MERGE,
-            )
-        except ApiException as exc:
-            if exc.status != 404:  # deleted meanwhile: nothing left to report on
-                raise
+        """A 404 (deleted meanwhile) is no error: nothing is left to report on."""
+        await self._call_unless(404, self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
+                                plural, name, {"status": status}, _content_type=MERGE)
 
     async def scale(self, plural: str, namespace: str, name: str, replicas: int) -> None:
         await self._call(
@@ -185,19 +145,12 @@ class Kube:
         )
 
     async def ensure_cluster_peering(self, name: str) -> None:
-        body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
-        try:
-            await self._call(self.custom.create_cluster_custom_object, "kopf.dev", "v1", "clusterkopfpeerings", body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+        body = {"apiVersion": f"{PEERING_GROUP}/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+        await self._call_unless(409, self.custom.create_cluster_custom_object, PEERING_GROUP, "v1",
+                                "clusterkopfpeerings", body)
 
     async def ensure_namespaced_peering(self, namespace: str, name: str) -> None:
-        body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name, "namespace": namespace}}
-        try:
-            await self._call(
-                self.custom.create_namespaced_custom_object, "kopf.dev", "v1", namespace, "kopfpeerings", body
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+        body = {"apiVersion": f"{PEERING_GROUP}/v1", "kind": "KopfPeering",
+                "metadata": {"name": name, "namespace": namespace}}
+        await self._call_unless(409, self.custom.create_namespaced_custom_object, PEERING_GROUP, "v1", namespace,
+                                "kopfpeerings", body)

@@ -6,9 +6,9 @@ from typing import Any
 
 from sluice_gateway.routing_table import RoutingTable
 
-from ..autoscaler import History
-from ..builders import Release
-from ..metrics import OperatorMetrics
+from .autoscaler import History
+from .builders import Release
+from .metrics import OperatorMetrics
 from .coalesce import Coalescer
 from .kube import Kube
 

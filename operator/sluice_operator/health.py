@@ -4,7 +4,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ..metrics import OperatorMetrics
+from .metrics import OperatorMetrics
 
 
 async def serve(metrics: OperatorMetrics, host: str, port: int) -> web.AppRunner:

@@ -8,11 +8,12 @@ from typing import Any
 
 import kopf
 
-from ..builders import Release
 from . import health
-from .credential import follow_source
+from .builders import Release
+from .crd import GROUP
+from .handlers.credential import follow_source
+from .handlers.registration import register
 from .kube import Kube, load_config
-from .registration import register
 from .state import OperatorState
 
 
@@ -25,6 +26,21 @@ class OperatorOptions:
     autoscale_interval: float = 15.0
     release: Release | None = None
     verbose: bool = False
+
+
+def _configure(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
+    # Progress and the last-handled spec live in annotations: the status belongs to our schema.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Events are written on purpose (kopf.info/warn); log lines stay in the log.
+    settings.posting.loggers = False
+    settings.watching.server_timeout = 300
+    if options.namespaces:
+        # The namespaces are named, and the CRDs come with the chart: listing either cluster-wide would
+        # need a ClusterRole, which a namespaced install does without.
+        settings.scanning.disabled = True
 
 
 def run_operator(options: OperatorOptions) -> int:
@@ -46,22 +62,11 @@ def run_operator(options: OperatorOptions) -> int:
     background: list[asyncio.Task] = []
 
     @kopf.on.startup(registry=registry)
-    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         if options.health_port:
             # Every replica answers, the standby ones too: kopf's own liveness endpoint has no /metrics.
             server.append(await health.serve(state.metrics, "0.0.0.0", options.health_port))
-        # Progress and the last-handled spec live in annotations: the status belongs to our schema.
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sluice.dev")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="sluice.dev", key="last-handled-configuration"
-        )
-        # Events are written on purpose (kopf.info/warn); log lines stay in the log.
-        settings.posting.loggers = False
-        settings.watching.server_timeout = 300
-        if options.namespaces:
-            # The namespaces are named, and the CRDs come with the chart: listing either cluster-wide would
-            # need a ClusterRole, which a namespaced install does without.
-            settings.scanning.disabled = True
+        _configure(settings, options)
         if options.release is not None:
             background.append(asyncio.create_task(follow_source(state), name="runtime-credential"))
         if options.peering:
