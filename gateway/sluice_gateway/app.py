@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .auth import KeyStore, Principal
-from .config import GatewayConfig
+from .config import START_ONLY_FIELDS, GatewayConfig
 from .errors import GatewayError
 from .admission import Admission
 from .cost import check_context, reserve
@@ -50,14 +50,6 @@ _request_ids = (f"{uuid.uuid4().hex[:16]}{n:08x}".encode() for n in itertools.co
 
 class _ClientGone(Exception):
     """The client disconnected while the gateway was still reading its request."""
-
-
-# Bound when the gateway starts; a reloaded config that changes them is applied at the next restart.
-# Everything else (tenants, keys, limits, request settings, shutdown) is read per use and applies at once.
-_RESTART_ONLY = (
-    "listen", "metrics_port", "timeouts", "redis", "routing", "routes_file", "upstream_credential_file",
-    "max_response_bytes",
-)
 
 
 class GatewayApp:
@@ -104,7 +96,7 @@ class GatewayApp:
             self._configured = True
             log.info("gateway config loaded: %d tenants, %d admin keys", len(config.tenants), len(config.admin_keys))
             return
-        kept = [name for name in _RESTART_ONLY if getattr(config, name) != getattr(self.config, name)]
+        kept = [name for name in START_ONLY_FIELDS if getattr(config, name) != getattr(self.config, name)]
         if kept:
             log.warning("gateway config: changes to %s take effect at the next restart", ", ".join(kept))
             config = config.model_copy(update={name: getattr(self.config, name) for name in kept})

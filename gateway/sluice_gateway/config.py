@@ -154,6 +154,13 @@ class GatewayConfig(_Strict):
         return self
 
 
+# What a running gateway applies when gateway.yaml changes (read per use); every other field is bound at start, and a
+# change to it is logged and waits for a restart. The chart restarts the pods on a change to those only: its copy of
+# this list (charts/sluice/files/gateway-reloadable-fields.yaml) is checked against this one by tests/chart.
+RELOADABLE_FIELDS = frozenset({"tenants", "admin_keys", "access_log", "max_body_bytes", "default_max_tokens", "shutdown"})
+START_ONLY_FIELDS = tuple(name for name in GatewayConfig.model_fields if name not in RELOADABLE_FIELDS)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML keeps the last of two equal keys silently; in this file the first could be the one meant (a
     second `tenants:` would hide every key of the first), so it is an error."""

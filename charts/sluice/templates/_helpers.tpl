@@ -86,3 +86,23 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- range $key, $value := . -}}{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}{{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{/* gateway.yaml as the chart renders it: (dict "root" $) for the whole file, (dict "root" $ "startOnly" true) for
+     the fields the gateway binds at start only (all but files/gateway-reloadable-fields.yaml), whose checksum
+     restarts the gateway pods when they change. */}}
+{{- define "sluice.gatewayConfig" -}}
+{{- $root := .root -}}
+{{- $c := $root.Values.gateway.config -}}
+{{- $credential := printf "%s/%s" (include "sluice.runtimeCredential.dir" $root) (include "sluice.runtimeCredential.key" $root) -}}
+{{- $config := dict "listen" (dict "host" "0.0.0.0" "port" 8080) "max_body_bytes" (int $c.maxBodyBytes) "access_log" $c.accessLog "tenants" $c.tenants "admin_keys" $c.adminKeys "upstream_credential_file" $credential "metrics_port" (int $root.Values.gateway.metricsPort) -}}
+{{- with $c.timeouts }}{{ $_ := set $config "timeouts" . }}{{ end -}}
+{{- $_ := set $config "shutdown" (dict "ready_grace_s" (int $root.Values.gateway.shutdown.readyGraceSeconds) "drain_s" (int $root.Values.gateway.shutdown.drainSeconds)) -}}
+{{- with $c.routing }}{{ $_ := set $config "routing" . }}{{ end -}}
+{{- with (include "sluice.redisUrl" $root) }}
+{{- $_ := set $config "redis" (dict "url" . "on_failure" $root.Values.redis.onFailure) -}}
+{{- end -}}
+{{- if .startOnly -}}
+{{- range ($root.Files.Get "files/gateway-reloadable-fields.yaml" | fromYamlArray) }}{{ $config = omit $config . }}{{ end -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end -}}
