@@ -51,15 +51,15 @@ bench-serve: install
 bench-gateway: install
 	$(PY) bench/gateway_bench.py
 
-# Local control plane built from source (e2e/README.md); stdlib only, so no venv is needed.
+# Local control plane built from source (localcluster/README.md); stdlib only, so no venv is needed.
 cluster-build:
-	$(PYTHON) -m e2e.cluster build
+	$(PYTHON) -m localcluster.cluster build
 
 cluster-up:
-	$(PYTHON) -m e2e.cluster up
+	$(PYTHON) -m localcluster.cluster up
 
 cluster-down:
-	$(PYTHON) -m e2e.cluster down
+	$(PYTHON) -m localcluster.cluster down
 
 # The chart carries copies of the CRDs and of the operator's RBAC (Helm reads only files inside the chart).
 crds: install

@@ -18,7 +18,7 @@ if str(REPO) not in sys.path:
 
 def helm_binary(request: pytest.FixtureRequest) -> Path:
     """helm from the cluster cache; builds the cluster's binaries (through `kube_cluster`) when it is missing."""
-    from e2e.cluster import LocalCluster
+    from localcluster.cluster import LocalCluster
 
     helm = LocalCluster().bin_dir / "helm"
     if not helm.is_file():

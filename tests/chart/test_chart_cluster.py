@@ -24,7 +24,7 @@ ARGO_CD = ("github.com/argoproj/argo-cd/v3", "v3.1.8", "manifests/crds", ("appli
 
 
 def _module_files(module: str, version: str, folder: str, names: tuple[str, ...]) -> list[Path]:
-    from e2e.binaries import go_binary
+    from localcluster.binaries import go_binary
 
     go = go_binary()
     assert go, "the Go toolchain builds the local control plane, so it is present wherever kube_cluster runs"

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from e2e import binaries
-from e2e.cluster import NODE_NAME, LocalCluster
+from localcluster import binaries
+from localcluster.cluster import NODE_NAME, LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -188,7 +188,7 @@ def test_an_unrunnable_command_is_reported_in_the_pod_status(kube_cluster, kube_
 
 
 def test_a_stopped_launcher_hands_its_pods_to_the_next_one(kube_cluster, kube_namespace, tmp_path):
-    from e2e.launcher import CLAIM_ANNOTATION, Launcher
+    from localcluster.launcher import CLAIM_ANNOTATION, Launcher
 
     gate = tmp_path / "ready"
     gate.touch()
@@ -204,7 +204,7 @@ def test_a_stopped_launcher_hands_its_pods_to_the_next_one(kube_cluster, kube_na
 
     # The command-line launcher, in a process of its own, takes the pod over.
     repo = Path(__file__).resolve().parents[2]
-    cli = subprocess.Popen([sys.executable, "-m", "e2e.launcher", "--kubeconfig", kube_cluster.kubeconfig,
+    cli = subprocess.Popen([sys.executable, "-m", "localcluster.launcher", "--kubeconfig", kube_cluster.kubeconfig,
                             "--namespace", kube_namespace, "--log-dir", str(tmp_path / "logs")], cwd=repo)
     try:
         _wait_for(lambda: _ready(_pods(kube_cluster, kube_namespace, "app=handover")[0]), timeout=30, what="Ready under the new launcher")
@@ -217,7 +217,7 @@ def test_a_stopped_launcher_hands_its_pods_to_the_next_one(kube_cluster, kube_na
 
 
 def test_a_pod_claimed_by_a_dead_launcher_is_taken_over_and_a_live_claim_is_respected(kube_cluster, kube_namespace, launcher):
-    from e2e.launcher import CLAIM_ANNOTATION
+    from localcluster.launcher import CLAIM_ANNOTATION
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

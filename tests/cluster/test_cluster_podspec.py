@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import podspec
+from localcluster import podspec
 
 POD = {
     "metadata": {"name": "web-1", "namespace": "prod", "uid": "u-1", "labels": {"app": "web"}},

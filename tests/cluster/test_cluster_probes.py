@@ -5,7 +5,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e2e.probes import ProbeState
+from localcluster.probes import ProbeState
 
 
 class _Status(BaseHTTPRequestHandler):

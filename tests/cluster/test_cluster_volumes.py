@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from e2e import podspec
-from e2e.podspec import ContainerConfigError, Mount
-from e2e.volumes import SERVICE_ACCOUNT_DIR, PodVolumes, service_account_kubeconfig
+from localcluster import podspec
+from localcluster.podspec import ContainerConfigError, Mount
+from localcluster.volumes import SERVICE_ACCOUNT_DIR, PodVolumes, service_account_kubeconfig
 
 POD = {
     "metadata": {"name": "gw-1", "namespace": "prod", "uid": "0123456789abcdef"},

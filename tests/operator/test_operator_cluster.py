@@ -338,7 +338,7 @@ def _credential(api) -> str:
 @pytest.fixture(scope="module")
 def served(setup, kube_cluster, smollm2_dir):
     """One model whose pod the launcher runs as a process, in the restricted namespace: its Ready pod."""
-    from e2e.launcher import Launcher
+    from localcluster.launcher import Launcher
 
     from fixtures.cluster import pinned_env
 

@@ -4,7 +4,7 @@ kwokctl's binary runtime runs the components as local processes, with generated 
 service-account signing keys, RBAC and admission on. One simulated node, whose pods get
 loopback addresses from its podCIDR, is created on top.
 
-    python -m e2e.cluster up|down|status|build
+    python -m localcluster.cluster up|down|status|build
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from e2e import binaries
+from localcluster import binaries
 
 DEFAULT_NAME = "sluice"
 NODE_NAME = "kwok-node-0"
@@ -190,7 +190,7 @@ class LocalCluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m localcluster.cluster", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=["build", "up", "down", "status"])
     parser.add_argument("--name", default=DEFAULT_NAME, help="cluster name (default: %(default)s)")
     args = parser.parse_args(argv)

@@ -14,16 +14,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kubernetes.client.exceptions import ApiException
 
-from e2e import podspec
-from e2e.probes import ProbeState
-from e2e.volumes import PodVolumes, service_account_kubeconfig
-
-if TYPE_CHECKING:
-    from e2e.launcher import Launcher
+from localcluster import podspec
+from localcluster.node import Node
+from localcluster.probes import ProbeState
+from localcluster.volumes import PodVolumes, service_account_kubeconfig
 
 MAX_GRACE_SECONDS = 30
 MAX_BACKOFF_SECONDS = 30
@@ -90,17 +87,17 @@ class ContainerRun:
 class PodRunner(threading.Thread):
     """Runs one pod's containers until the pod goes away or the launcher stops."""
 
-    def __init__(self, launcher: "Launcher", pod: dict):
+    def __init__(self, node: Node, pod: dict):
         meta = pod["metadata"]
         super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
-        self.launcher = launcher
+        self.node = node
         self.pod = pod
         self.stopping = threading.Event()
         self.deleted = False
         self.containers = [ContainerRun(spec=c) for c in pod["spec"]["containers"]]
         self.volumes = PodVolumes(
-            launcher.volume_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}", pod,
-            launcher.read_object, launcher.issue_token,
+            node.volume_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}", pod,
+            node.read_object, node.issue_token,
         )
         self._volumes_ready = False
         self._refreshed_at = 0.0
@@ -132,7 +129,7 @@ class PodRunner(threading.Thread):
                 self._report()
                 self.stopping.wait(0.2)
         except Exception as error:  # a harness bug must show up in the log, not kill the thread silently
-            self.launcher.log(f"launcher: pod {self.key[0]}/{self.key[1]} failed: {error!r}")
+            self.node.log(f"launcher: pod {self.key[0]}/{self.key[1]} failed: {error!r}")
         finally:
             for run in self.containers:
                 self._terminate(run)
@@ -145,13 +142,13 @@ class PodRunner(threading.Thread):
         """The kubelet's last word on a deleted pod: with its containers stopped, the object may go."""
         namespace, name = self.key
         try:
-            self.launcher.core.delete_namespaced_pod(
+            self.node.core.delete_namespaced_pod(
                 name, namespace, grace_period_seconds=0,
                 body={"preconditions": {"uid": self.pod["metadata"]["uid"]}, "gracePeriodSeconds": 0},
             )
         except ApiException as error:
             if error.status not in (404, 409):  # gone already, or a new pod of the same name
-                self.launcher.log(f"launcher: deleted pod {namespace}/{name} not removed: {error.reason}")
+                self.node.log(f"launcher: deleted pod {namespace}/{name} not removed: {error.reason}")
 
     def _refresh_volumes(self) -> None:
         now = time.monotonic()
@@ -161,11 +158,11 @@ class PodRunner(threading.Thread):
         try:
             self.volumes.refresh()
         except ApiException as error:  # the API server being away for a moment: the files stay as they are
-            self.launcher.log(f"launcher: volumes of {self.key[0]}/{self.key[1]} not refreshed: {error.reason}")
+            self.node.log(f"launcher: volumes of {self.key[0]}/{self.key[1]} not refreshed: {error.reason}")
 
     def _log_path(self, run: ContainerRun) -> Path:
         namespace, name = self.key
-        return self.launcher.log_dir / f"{namespace}_{name}_{run.spec['name']}.log"
+        return self.node.log_dir / f"{namespace}_{name}_{run.spec['name']}.log"
 
     def _start(self, run: ContainerRun) -> None:
         now = time.monotonic()
@@ -177,16 +174,16 @@ class PodRunner(threading.Thread):
                 self._volumes_ready = True
             mounts = self.volumes.mounts(run.spec)
             kubeconfig = service_account_kubeconfig(
-                mounts, self.launcher.cluster, self.key[0], self.volumes.root / f"kubeconfig-{run.spec['name']}"
+                mounts, self.node.cluster, self.key[0], self.volumes.root / f"kubeconfig-{run.spec['name']}"
             )
             run.process = podspec.process_spec(
-                pod, run.spec, self.launcher.read_object, self.launcher.venv_bin, dict(os.environ),
-                mounts=mounts, kubeconfig=kubeconfig, pinned_env=self.launcher.pinned_env,
+                pod, run.spec, self.node.read_object, self.node.venv_bin, dict(os.environ),
+                mounts=mounts, kubeconfig=kubeconfig, pinned_env=self.node.pinned_env,
             )
             run.readiness = ProbeState.start(run.spec.get("readinessProbe"), run.spec, now)
             run.liveness = ProbeState.start(run.spec.get("livenessProbe"), run.spec, now)
             run.startup = ProbeState.start(run.spec.get("startupProbe"), run.spec, now)
-            self.launcher.log_dir.mkdir(parents=True, exist_ok=True)
+            self.node.log_dir.mkdir(parents=True, exist_ok=True)
             with open(self._log_path(run), "ab") as log:
                 run.popen = subprocess.Popen(
                     run.process.argv,
@@ -287,10 +284,10 @@ class PodRunner(threading.Thread):
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         try:
-            self.launcher.core.create_namespaced_event(meta["namespace"], event)
+            self.node.core.create_namespaced_event(meta["namespace"], event)
         except ApiException as error:
             if error.status != 404:  # the namespace going away is no news
-                self.launcher.log(f"launcher: event for {meta['namespace']}/{meta['name']} not recorded: {error.reason}")
+                self.node.log(f"launcher: event for {meta['namespace']}/{meta['name']} not recorded: {error.reason}")
 
     def _pre_stop(self, run: ContainerRun, grace: float) -> None:
         """The container's preStop hook (sleep or exec), within the grace period, as the kubelet runs it."""
@@ -352,11 +349,11 @@ class PodRunner(threading.Thread):
             return
         namespace, name = self.key
         try:
-            self.launcher.core.patch_namespaced_pod_status(
+            self.node.core.patch_namespaced_pod_status(
                 name, namespace, {"status": status},
                 _content_type="application/strategic-merge-patch+json",
             )
             self._reported = digest
         except ApiException as error:
             if error.status != 404:
-                self.launcher.log(f"launcher: status of {namespace}/{name} not updated: {error.reason}")
+                self.node.log(f"launcher: status of {namespace}/{name} not updated: {error.reason}")

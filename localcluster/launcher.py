@@ -4,9 +4,9 @@ A pod labelled `sluice.dev/launch: "true"` and scheduled to a kwok node gets a l
 but no container. The launcher claims it, starts each container's command with the pod's env as a
 local process (argv may bind `$(POD_IP)`), reports readiness from the container's readinessProbe in
 the pod's status, restarts exited processes per restartPolicy, and stops them when the pod goes away.
-The per-pod work is e2e/pod_runner.py. See e2e/README.md.
+The per-pod work is localcluster/pod_runner.py, which gets only what node.py gives it. See localcluster/README.md.
 
-    python -m e2e.launcher --kubeconfig PATH [--namespace NS]
+    python -m localcluster.launcher --kubeconfig PATH [--namespace NS]
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from e2e import podspec
-from e2e.binaries import cache_dir
-from e2e.pod_runner import MAX_GRACE_SECONDS, PodRunner
+from localcluster.binaries import cache_dir
+from localcluster.node import Node
+from localcluster.pod_runner import MAX_GRACE_SECONDS, PodRunner
 
 LAUNCH_LABEL = "sluice.dev/launch"
 CLAIM_ANNOTATION = "sluice.dev/launcher"
@@ -56,7 +56,8 @@ class Launcher:
 
     def __post_init__(self):
         self.core = client.CoreV1Api(config.new_client_from_config(config_file=self.kubeconfig))
-        self.cluster = _cluster_entry(Path(self.kubeconfig))
+        self.node = Node(self.core, _cluster_entry(Path(self.kubeconfig)), self.venv_bin, self.log_dir, self.volume_dir,
+                         self.pinned_env, self.log)
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._runners: dict[str, PodRunner] = {}
         self._started: list[PodRunner] = []
@@ -89,27 +90,6 @@ class Launcher:
             runner.join(timeout=MAX_GRACE_SECONDS + 5)
         for runner in running:
             self._release(runner.pod)
-
-    def read_object(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
-        try:
-            if kind == "ConfigMap":
-                return self.core.read_namespaced_config_map(name, namespace).data or {}
-            return podspec.decode_secret(self.core.read_namespaced_secret(name, namespace).data)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def issue_token(self, namespace: str, account: str, pod: str, uid: str, audience: str | None, seconds: int) -> str:
-        """A TokenRequest bound to the pod, as the kubelet makes for a projected serviceAccountToken."""
-        spec = {"expirationSeconds": seconds, "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}}
-        if audience:
-            spec["audiences"] = [audience]
-        try:
-            response = self.core.create_namespaced_service_account_token(account, namespace, {"spec": spec})
-        except ApiException as error:
-            raise podspec.ContainerConfigError(f"no token for service account {namespace}/{account}: {error.reason}") from None
-        return response.status.token
 
     def _list(self, **kwargs):
         selector = f"{LAUNCH_LABEL}=true"
@@ -154,7 +134,7 @@ class Launcher:
         finished = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
         if ended or finished or not self._on_kwok_node(pod) or not self._claim(pod):
             return
-        runner = PodRunner(self, pod)
+        runner = PodRunner(self.node, pod)
         self._runners[uid] = runner
         self._started.append(runner)
         runner.start()
@@ -227,7 +207,7 @@ def _holder_gone(holder: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.launcher", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m localcluster.launcher", description=__doc__.split("\n")[0])
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG")
     parser.add_argument("--namespace", help="only run pods of this namespace (default: all)")
     parser.add_argument("--log-dir", type=Path, default=cache_dir() / "launcher-logs", help="default: %(default)s")

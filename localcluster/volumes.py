@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from e2e.podspec import ContainerConfigError, Mount, ObjectReader, field_value, remap_contents
+from localcluster.podspec import ContainerConfigError, Mount, ObjectReader, field_value, remap_contents
 
 # (namespace, service account, pod name, pod uid, audience or None, expiration seconds) -> token
 TokenIssuer = Callable[[str, str, str, str, "str | None", int], str]
