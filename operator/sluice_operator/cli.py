@@ -7,6 +7,7 @@ import re
 import sys
 from pathlib import Path
 
+from .crd import MANAGED_BY
 from .crd.definitions import render_definitions
 
 
@@ -19,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
         "--namespace", action="append", default=[],
         help="watch only this namespace (repeatable); all namespaces when omitted",
     )
-    run.add_argument("--peering", default="sluice-operator", help="kopf peering object shared by the replicas")
+    run.add_argument("--peering", default=MANAGED_BY, help="kopf peering object shared by the replicas")
     run.add_argument(
         "--priority", type=int, default=None,
         help="peering priority; the highest acts, the others wait (default: random, so exactly one leads)",

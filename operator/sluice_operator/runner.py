@@ -19,13 +19,15 @@ from .state import OperatorState
 
 @dataclass(frozen=True)
 class OperatorOptions:
-    namespaces: tuple[str, ...] = ()
-    peering: str | None = "sluice-operator"
-    priority: int = 0
-    health_port: int = 8081
-    autoscale_interval: float = 15.0
-    release: Release | None = None
-    verbose: bool = False
+    """`sluice-operator run`'s flags, parsed (their defaults are the CLI's)."""
+
+    namespaces: tuple[str, ...]  # empty: every namespace
+    peering: str | None  # None: standalone
+    priority: int
+    health_port: int  # 0: no health port
+    autoscale_interval: float
+    release: Release | None  # None: runtime pods check no credential
+    verbose: bool
 
 
 def _configure(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
