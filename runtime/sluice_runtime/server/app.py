@@ -15,9 +15,9 @@ from sluice_runtime.engine.sampling_params import SamplingParams
 from sluice_runtime.metrics import RuntimeMetrics
 
 from .capabilities import ModelCapabilities
-from .chat_serving import ChatServing
+from .chat_format import ChatFormat
 from .chat_template import ChatTemplate
-from .completion_serving import CompletionServing
+from .completion_format import CompletionFormat
 from .disconnect import ClientDisconnected, until_disconnected
 from .errors import install_error_handlers
 from .generation import GenerationRunner, engine_error
@@ -29,6 +29,7 @@ from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeReque
                        EmbeddingData, EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList,
                        TokenizeRequest, TokenizeResponse, Usage)
 from .request_body import off_loop_if_large, read_json, request_cost, validated
+from .serving import GenerationServing
 from .settings import ServerSettings
 from .structured_output import GrammarCompiler
 
@@ -53,8 +54,8 @@ class Runtime:
                                             self.served_names, info.vocab_size)
         runner = GenerationRunner(engine, self.lifecycle, self.metrics, settings)
         formatter = LogprobFormatter(self.tokenizer)
-        self.chat = ChatServing(runner, formatter)
-        self.completions = CompletionServing(runner, formatter, self.tokenizer)
+        self.chat = GenerationServing(runner, ChatFormat(formatter))
+        self.completions = GenerationServing(runner, CompletionFormat(formatter, self.tokenizer))
         self.created = int(time.time())
 
     async def warm_up(self) -> None:

@@ -43,27 +43,31 @@ class GenerationRunner:
         self._timeout = settings.request_timeout
         self._stream_idle_timeout = settings.stream_idle_timeout
 
-    async def start(self, greq: GenerationRequest, receive, record: RequestRecord) -> tuple[Item, AsyncIterator[Item]]:
-        """Submit every prompt and wait for the first output, so that admission errors become HTTP statuses."""
-        stream = self._outputs(greq)
+    async def start(self, greq: GenerationRequest, receive, record: RequestRecord) -> AsyncIterator[Item]:
+        """Submit every prompt and wait for the first output, so that admission errors become HTTP statuses.
+
+        The iterator returned yields that first output, then the rest until every prompt has finished;
+        closing it aborts the engine requests still running."""
+        outputs = self._outputs(greq)
         try:
-            first = await until_disconnected(receive, stream.__anext__())
+            first = await until_disconnected(receive, outputs.__anext__())
         except ClientDisconnected:
             self.cancelled(record)
             raise
         except (EngineError, ValueError) as exc:
-            await stream.aclose()
+            await outputs.aclose()
             err = engine_error(exc)
             self._metrics.observe_rejected(err.code or err.type)
             raise err from None
-        return first, stream
+        return _after(first, outputs)
 
-    def stream(self, events: AsyncIterator[str], request_id: str, record: RequestRecord, stream) -> SSEResponse:
-        """The SSE response for a stream's events; `stream` is the engine outputs they are made from."""
-        return SSEResponse(self._guarded(events, request_id, record, stream), self._stream_idle_timeout)
+    def stream(self, events: AsyncIterator[str], request_id: str, record: RequestRecord,
+               outputs: AsyncIterator[Item]) -> SSEResponse:
+        """The SSE response for a stream's events; `outputs` are the engine outputs they are made from."""
+        return SSEResponse(self._guarded(events, request_id, record, outputs), self._stream_idle_timeout)
 
     async def _guarded(self, events: AsyncIterator[str], request_id: str, record: RequestRecord,
-                       stream) -> AsyncIterator[str]:
+                       outputs: AsyncIterator[Item]) -> AsyncIterator[str]:
         """Ends every stream cleanly: engine errors and our own bugs become an error event, then [DONE]."""
         try:
             async for chunk in events:
@@ -82,7 +86,7 @@ class GenerationRunner:
             yield error_event(internal_error(request_id))
             yield DONE
         finally:
-            await stream.aclose()
+            await outputs.aclose()
 
     def cancelled(self, record: RequestRecord) -> None:
         record.cancelled = True
@@ -141,15 +145,16 @@ class GenerationRunner:
                for i in range(len(greq.prompts))]
         streams = [self._tracked(ids[i], prompt, _params_for(greq, i), greq.priority, deadline)
                    for i, prompt in enumerate(greq.prompts)]
-        if len(streams) == 1:
-            try:
-                async for out in streams[0]:
-                    yield 0, out
-            finally:
-                await streams[0].aclose()
-            return
-        async for item in _merge(streams):
-            yield item
+        merged = _numbered(streams[0]) if len(streams) == 1 else _merge(streams)
+        unfinished = len(streams)
+        try:
+            async for item in merged:
+                yield item
+                unfinished -= item[1].finished
+                if not unfinished:
+                    return
+        finally:
+            await merged.aclose()
 
     async def _tracked(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int, deadline):
         with self._lifecycle.track(request_id):
@@ -167,6 +172,24 @@ def _params_for(greq: GenerationRequest, index: int) -> SamplingParams:
     if index == 0 or params.constraint is None:
         return params
     return dataclasses.replace(params, constraint=params.constraint.fork())
+
+
+async def _after(first: Item, rest: AsyncIterator[Item]) -> AsyncIterator[Item]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()
+
+
+async def _numbered(stream) -> AsyncIterator[Item]:
+    """One engine request's outputs as items of prompt 0; closing this closes (aborts) it."""
+    try:
+        async for out in stream:
+            yield 0, out
+    finally:
+        await stream.aclose()
 
 
 async def _merge(streams: list) -> AsyncIterator[Item]:
