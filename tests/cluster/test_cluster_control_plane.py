@@ -3,7 +3,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -11,20 +10,11 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from fixtures.cluster import wait_for
 from localcluster import binaries
 from localcluster.cluster import NODE_NAME, LocalCluster
 
 pytestmark = pytest.mark.integration
-
-
-def _wait_for(predicate, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _node_ready(cluster, node: str) -> bool:
@@ -75,7 +65,7 @@ def test_the_installed_kubectl_works_against_it(kube_cluster):
 
 def test_admission_rejects_a_pod_beyond_the_namespace_quota(kube_cluster, kube_namespace):
     kube_cluster.kubectl("create", "quota", "one-pod", "--hard=pods=1", "-n", kube_namespace)
-    _wait_for(lambda: kube_cluster.kubectl("get", "quota", "one-pod", "-n", kube_namespace,
+    wait_for(lambda: kube_cluster.kubectl("get", "quota", "one-pod", "-n", kube_namespace,
                                            "-o", "jsonpath={.status.hard.pods}").stdout == "1",
               what="the quota controller to publish the quota")
     pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: main\n    image: none\n"
@@ -115,7 +105,7 @@ def test_a_deployment_scales_to_two_running_pods_with_loopback_addresses(kube_cl
         running = [p for p in pods if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
         return running if len(running) == 2 else None
 
-    pods = _wait_for(two_running, what="two running pods")
+    pods = wait_for(two_running, what="two running pods")
     addresses = {p["status"]["podIP"] for p in pods}
     assert len(addresses) == 2
     assert all(address.startswith("127.1.0.") for address in addresses)
@@ -125,7 +115,7 @@ def test_a_deployment_scales_to_two_running_pods_with_loopback_addresses(kube_cl
 
 def test_deleting_an_owner_garbage_collects_its_dependents(kube_cluster, kube_namespace):
     kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_deployment("owned", 2))
-    _wait_for(lambda: len(_pods(kube_cluster, kube_namespace, "app=owned")) == 2, what="the deployment's pods")
+    wait_for(lambda: len(_pods(kube_cluster, kube_namespace, "app=owned")) == 2, what="the deployment's pods")
     replicasets = kube_cluster.kubectl("get", "rs", "-n", kube_namespace, "-l", "app=owned", "-o", "name").stdout
     assert replicasets.strip()
 
@@ -135,7 +125,7 @@ def test_deleting_an_owner_garbage_collects_its_dependents(kube_cluster, kube_na
         rs = kube_cluster.kubectl("get", "rs", "-n", kube_namespace, "-l", "app=owned", "-o", "name").stdout
         return not rs.strip() and not _pods(kube_cluster, kube_namespace, "app=owned")
 
-    _wait_for(collected, what="the garbage collector to remove the ReplicaSet and its pods")
+    wait_for(collected, what="the garbage collector to remove the ReplicaSet and its pods")
 
 
 def test_rbac_denies_a_service_account_what_its_role_does_not_grant(kube_cluster, kube_namespace, tmp_path):

@@ -12,20 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fixtures.cluster import wait_for
+
 pytestmark = pytest.mark.integration
 
 SERVER = str(Path(__file__).with_name("gated_http_server.py"))
 PORT = 8080
-
-
-def _wait_for(predicate, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _container(name: str, command: list[str], args: list[str] | None = None, **extra) -> dict:
@@ -98,10 +90,10 @@ def test_pod_becomes_ready_only_once_its_server_answers_the_readiness_probe(kube
     gate = tmp_path / "ready"
     kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=_gated_server_deployment("gated", gate))
 
-    pod = _wait_for(lambda: next(iter(_pods(kube_cluster, kube_namespace, "app=gated")), None), what="the pod")
+    pod = wait_for(lambda: next(iter(_pods(kube_cluster, kube_namespace, "app=gated")), None), what="the pod")
     name = pod["metadata"]["name"]
-    pod_ip = _wait_for(lambda: _pods(kube_cluster, kube_namespace, "app=gated")[0]["status"].get("podIP"), what="a pod IP")
-    served = _wait_for(lambda: _get(f"http://{pod_ip}:{PORT}/"), what="the local process to serve on the pod IP")
+    pod_ip = wait_for(lambda: _pods(kube_cluster, kube_namespace, "app=gated")[0]["status"].get("podIP"), what="a pod IP")
+    served = wait_for(lambda: _get(f"http://{pod_ip}:{PORT}/"), what="the local process to serve on the pod IP")
     assert served == {"pid": served["pid"], "greeting": f"hello from {name}", "pod_name": name, "bound_to": pod_ip}
 
     # Serving but failing its probe: several probe periods later the pod is still not Ready.
@@ -114,12 +106,12 @@ def test_pod_becomes_ready_only_once_its_server_answers_the_readiness_probe(kube
     assert ("Unhealthy", "container server: Readiness probe failed: HTTP probe failed with statuscode: 503") in _events(kube_cluster, kube_namespace, name)
 
     gate.touch()
-    _wait_for(lambda: _ready(_pods(kube_cluster, kube_namespace, "app=gated")[0]), timeout=30, what="Ready after the gate opened")
+    wait_for(lambda: _ready(_pods(kube_cluster, kube_namespace, "app=gated")[0]), timeout=30, what="Ready after the gate opened")
     kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/gated", "--timeout=30s")
 
     # Readiness keeps following the probe: closing the gate takes the pod out of service again.
     gate.unlink()
-    _wait_for(lambda: not _ready(_pods(kube_cluster, kube_namespace, "app=gated")[0]), timeout=30, what="NotReady after the gate closed")
+    wait_for(lambda: not _ready(_pods(kube_cluster, kube_namespace, "app=gated")[0]), timeout=30, what="NotReady after the gate closed")
 
 
 def _serving_gated_pod(kube_cluster, namespace: str, name: str, tmp_path: Path) -> dict:
@@ -137,15 +129,15 @@ def test_deleting_the_pod_stops_its_process(kube_cluster, kube_namespace, launch
     assert first is not None and _alive(first["pid"])
 
     kube_cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", kube_namespace, "--wait=true", "--timeout=30s")
-    _wait_for(lambda: not _alive(first["pid"]), timeout=15, what="the deleted pod's process to stop")
+    wait_for(lambda: not _alive(first["pid"]), timeout=15, what="the deleted pod's process to stop")
 
     # The ReplicaSet's replacement gets a process of its own.
     kube_cluster.kubectl("rollout", "status", "-n", kube_namespace, "deployment/doomed", "--timeout=60s")
-    replacement = _wait_for(
+    replacement = wait_for(
         lambda: [p for p in _pods(kube_cluster, kube_namespace, "app=doomed") if p["metadata"]["name"] != pod["metadata"]["name"] and _ready(p)],
         what="a Ready replacement pod",
     )[0]
-    second = _wait_for(lambda: _get(f"http://{replacement['status']['podIP']}:{PORT}/"), what="the replacement to serve")
+    second = wait_for(lambda: _get(f"http://{replacement['status']['podIP']}:{PORT}/"), what="the replacement to serve")
     assert second["pid"] != first["pid"] and second["pod_name"] == replacement["metadata"]["name"]
 
 
@@ -167,7 +159,7 @@ def test_a_crashing_process_is_restarted_and_reported(kube_cluster, kube_namespa
         statuses = pod["status"].get("containerStatuses") or [{}]
         return statuses[0] if statuses[0].get("restartCount", 0) >= 2 else None
 
-    status = _wait_for(restarted, timeout=30, what="two restarts")
+    status = wait_for(restarted, timeout=30, what="two restarts")
     assert status["lastState"]["terminated"]["exitCode"] == 3
     assert status["ready"] is False
     assert ("BackOff", "container crash exited with code 3; restarting in 1 s") in _events(kube_cluster, kube_namespace, "crasher")
@@ -182,7 +174,7 @@ def test_an_unrunnable_command_is_reported_in_the_pod_status(kube_cluster, kube_
         state = ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("waiting", {})
         return state if state.get("reason") == "CreateContainerConfigError" else None
 
-    state = _wait_for(waiting, timeout=30, what="CreateContainerConfigError")
+    state = wait_for(waiting, timeout=30, what="CreateContainerConfigError")
     assert "no-such-program-anywhere" in state["message"]
     assert [reason for reason, message in _events(kube_cluster, kube_namespace, "broken") if "no-such-program-anywhere" in message] == ["Failed"]
 
@@ -207,7 +199,7 @@ def test_a_stopped_launcher_hands_its_pods_to_the_next_one(kube_cluster, kube_na
     cli = subprocess.Popen([sys.executable, "-m", "localcluster.launcher", "--kubeconfig", kube_cluster.kubeconfig,
                             "--namespace", kube_namespace, "--log-dir", str(tmp_path / "logs")], cwd=repo)
     try:
-        _wait_for(lambda: _ready(_pods(kube_cluster, kube_namespace, "app=handover")[0]), timeout=30, what="Ready under the new launcher")
+        wait_for(lambda: _ready(_pods(kube_cluster, kube_namespace, "app=handover")[0]), timeout=30, what="Ready under the new launcher")
         second = _get(f"http://{pod['status']['podIP']}:{PORT}/")
         assert second is not None and second["pid"] != first["pid"]
     finally:
@@ -231,7 +223,7 @@ def test_a_pod_claimed_by_a_dead_launcher_is_taken_over_and_a_live_claim_is_resp
     def pod(name):
         return json.loads(kube_cluster.kubectl("get", "pod", name, "-n", kube_namespace, "-o", "json").stdout)
 
-    _wait_for(lambda: _ready(pod("orphan")), timeout=30, what="the orphaned pod to be run")
+    wait_for(lambda: _ready(pod("orphan")), timeout=30, what="the orphaned pod to be run")
     assert pod("orphan")["metadata"]["annotations"][CLAIM_ANNOTATION] == launcher.identity
     assert pod("taken")["metadata"]["annotations"][CLAIM_ANNOTATION] == claims["taken"]
     assert not _ready(pod("taken"))
@@ -252,14 +244,14 @@ def test_volumes_follow_their_config_map_and_the_process_has_its_service_account
     kube_cluster.kubectl("wait", "-n", kube_namespace, "--for=condition=Ready", "pod/mounted", "--timeout=60s")
     ip = _pods(kube_cluster, kube_namespace, "sluice.dev/launch=true")[0]["status"]["podIP"]
 
-    served = _wait_for(lambda: _get(f"http://{ip}:{PORT}/file"), what="the mounted file")
+    served = wait_for(lambda: _get(f"http://{ip}:{PORT}/file"), what="the mounted file")
     assert served["content"] == "one" and not served["path"].startswith("/etc/table")
     # The ServiceAccount admission plugin mounted the default account's token; that is who the process is.
     assert _get(f"http://{ip}:{PORT}/whoami") == {"user": f"system:serviceaccount:{kube_namespace}:default"}
 
     patch = json.dumps({"data": {"table.json": "two"}})
     kube_cluster.kubectl("patch", "configmap", "table", "-n", kube_namespace, "--type=merge", "-p", patch)
-    _wait_for(lambda: (_get(f"http://{ip}:{PORT}/file") or {}).get("content") == "two", timeout=10,
+    wait_for(lambda: (_get(f"http://{ip}:{PORT}/file") or {}).get("content") == "two", timeout=10,
               what="the new ConfigMap contents in the volume")
 
     # preStop runs before SIGTERM: the process still serves for the hook's 2 seconds after the deletion, and
@@ -269,7 +261,7 @@ def test_volumes_follow_their_config_map_and_the_process_has_its_service_account
     time.sleep(1)
     assert _get(f"http://{ip}:{PORT}/file") is not None, "SIGTERM came before the preStop sleep ended"
     assert _get(f"http://{ip}:{PORT}/whoami") == {"user": f"system:serviceaccount:{kube_namespace}:default"}
-    _wait_for(lambda: _get(f"http://{ip}:{PORT}/file") is None, timeout=15, what="the process to stop")
+    wait_for(lambda: _get(f"http://{ip}:{PORT}/file") is None, timeout=15, what="the process to stop")
     assert time.monotonic() - started >= 2
     kube_cluster.kubectl("wait", "-n", kube_namespace, "--for=delete", "pod/mounted", "--timeout=10s")
     assert not any(Path(launcher.volume_dir).glob(f"{kube_namespace}_mounted_*")), "the pod's volumes are removed"
@@ -279,7 +271,7 @@ def test_a_deleted_pod_no_launcher_runs_goes_when_its_grace_period_ends(kube_clu
     pod = yaml.safe_load(_bare_pod("orphan", _container("main", ["python"], ["-c", "pass"])))
     pod["spec"]["terminationGracePeriodSeconds"] = 3
     kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=yaml.safe_dump(pod))
-    _wait_for(lambda: _pods(kube_cluster, kube_namespace, "sluice.dev/launch=true"), what="the pod")
+    wait_for(lambda: _pods(kube_cluster, kube_namespace, "sluice.dev/launch=true"), what="the pod")
     started = time.monotonic()
     kube_cluster.kubectl("delete", "pod", "orphan", "-n", kube_namespace, "--wait=false")
     kube_cluster.kubectl("wait", "-n", kube_namespace, "--for=delete", "pod/orphan", "--timeout=30s")
@@ -290,12 +282,12 @@ def test_a_pod_given_a_new_address_gets_its_process_started_again_on_it(kube_clu
     """kwok sometimes runs its stage twice on a new pod and hands out a second IP right after the first."""
     pod = _serving_gated_pod(kube_cluster, kube_namespace, "moved", tmp_path)
     old_ip = pod["status"]["podIP"]
-    first = _wait_for(lambda: _get(f"http://{old_ip}:{PORT}/"), what="the process on the first address")
+    first = wait_for(lambda: _get(f"http://{old_ip}:{PORT}/"), what="the process on the first address")
     # Outside kwok's pod range (127.1.0.0/24), so it can never be the address kwok gave the pod: once a
     # long test run had handed out .250, the "new" address was the old one and nothing moved.
     new_ip = "127.1.1.250"
     kube_cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", kube_namespace, "--subresource=status",
                          "--type=merge", "-p", json.dumps({"status": {"podIP": new_ip, "podIPs": [{"ip": new_ip}]}}))
-    second = _wait_for(lambda: _get(f"http://{new_ip}:{PORT}/"), timeout=30, what="the process on the new address")
+    second = wait_for(lambda: _get(f"http://{new_ip}:{PORT}/"), timeout=30, what="the process on the new address")
     assert second["bound_to"] == new_ip and second["pid"] != first["pid"] and not _alive(first["pid"])
     assert any(reason == "SandboxChanged" for reason, _ in _events(kube_cluster, kube_namespace, pod["metadata"]["name"]))

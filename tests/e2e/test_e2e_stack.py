@@ -17,7 +17,8 @@ import pytest
 import yaml
 from sluice_contracts import runtime_credential
 
-from fixtures.sluice_stack import ADMIN_KEY, NAMESPACE, RELEASE, REPO, ROUTING_TABLE, TENANT_KEY, ready, wait_for
+from fixtures.cluster import wait_for
+from fixtures.sluice_stack import ADMIN_KEY, NAMESPACE, RELEASE, REPO, ROUTING_TABLE, TENANT_KEY, ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -24,6 +24,8 @@ import pytest
 import yaml
 from sluice_contracts import runtime_credential
 
+from fixtures.cluster import wait_for
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,17 +43,6 @@ SERVED = {
              "runtime": {"maxModelLen": 512, "maxNumSeqs": 4, "kvCacheMemory": "128Mi", "startupTimeoutSeconds": 180},
              "resources": {"cpu": "1", "memory": "2Gi"}},
 }
-
-
-def wait_for(check, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last value: {last!r}")
 
 
 class Api:
