@@ -34,7 +34,7 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
-{{/* The operator's fixed contract (operator/sluice_operator/handlers/routing.py): it writes this ConfigMap
+{{/* The operator's fixed contract (operator/sluice_operator/builders/routing_table.py): it writes this ConfigMap
      and key in every namespace holding InferenceModels; the gateway mounts it from its own namespace. */}}
 {{- define "sluice.routingTable.name" -}}sluice-routing-table{{- end -}}
 {{- define "sluice.routingTable.key" -}}routing-table.json{{- end -}}
