@@ -6,6 +6,8 @@ import logging
 import struct
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -82,6 +84,26 @@ class Runtime:
         finally:
             self.metrics.in_flight.dec()
 
+    async def embed(self, request: Request) -> EmbeddingResponse:
+        body = validated(EmbeddingRequest, await read_json(request))
+        record = self.record(request, body.model)
+        prompts = await off_loop_if_large(request, self.normalizer.embedding_inputs, body)
+
+        async def embed_all() -> list[list[float]]:
+            return [await self.engine.embed(p) for p in prompts]
+
+        try:
+            vectors = await until_disconnected(request.receive, embed_all())
+        except ClientDisconnected:
+            self.metrics.observe_cancelled()
+            raise
+        except ValueError as exc:
+            raise engine_error(exc) from None
+        tokens = sum(len(p) for p in prompts)
+        record.prompt_tokens = tokens
+        data = [EmbeddingData(index=i, embedding=_encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
+        return EmbeddingResponse(data=data, model=body.model, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
+
     def _describe(self, record, greq) -> None:
         record.sampling = {k: v for k, v in vars(greq.params).items() if k != "constraint"}
         record.sampling["response_format"] = greq.response_format
@@ -111,61 +133,54 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
                        lifecycle=rt.lifecycle, metrics=rt.metrics, credential=settings.credential)
-
-    # Bodies are read by request_body rather than by FastAPI: the cost fields are read from the raw JSON.
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await rt.generate(request, "chat")
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await rt.generate(request, "completion")
-
-    @app.post("/v1/embeddings", response_model=EmbeddingResponse)
-    async def embeddings(request: Request):
-        body = validated(EmbeddingRequest, await read_json(request))
-        record = rt.record(request, body.model)
-        prompts = await off_loop_if_large(request, rt.normalizer.embedding_inputs, body)
-
-        async def embed_all() -> list[list[float]]:
-            return [await engine.embed(p) for p in prompts]
-
-        try:
-            vectors = await until_disconnected(request.receive, embed_all())
-        except ClientDisconnected:
-            rt.metrics.observe_cancelled()
-            raise
-        except ValueError as exc:
-            raise engine_error(exc) from None
-        tokens = sum(len(p) for p in prompts)
-        record.prompt_tokens = tokens
-        data = [EmbeddingData(index=i, embedding=_encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
-        return EmbeddingResponse(data=data, model=body.model, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
-
-    _add_model_routes(app, rt)
-    _add_operational_routes(app, rt)
+    for route in _generation_routes(rt) + _model_routes(rt) + _operational_routes(rt):
+        _register(app, route)
     return app
 
 
-def _add_model_routes(app: FastAPI, rt: Runtime) -> None:
+@dataclass(frozen=True)
+class _Route:
+    method: str
+    path: str
+    handler: Callable
+    response_model: type | None = None  # None: the handler returns its Response itself
+
+
+def _register(app: FastAPI, route: _Route) -> None:
+    app.add_api_route(route.path, route.handler, methods=[route.method], response_model=route.response_model)
+
+
+def _generation_routes(rt: Runtime) -> list[_Route]:
+    """The model at work. Bodies are read by request_body rather than by FastAPI: cost fields come from the raw JSON."""
+    async def chat_completions(request: Request) -> Response:
+        return await rt.generate(request, "chat")
+
+    async def completions(request: Request) -> Response:
+        return await rt.generate(request, "completion")
+
+    async def embeddings(request: Request) -> EmbeddingResponse:
+        return await rt.embed(request)
+
+    return [_Route("POST", "/v1/chat/completions", chat_completions),
+            _Route("POST", "/v1/completions", completions),
+            _Route("POST", "/v1/embeddings", embeddings, EmbeddingResponse)]
+
+
+def _model_routes(rt: Runtime) -> list[_Route]:
     """What the model is and how it reads text: its cards, and its tokenizer both ways."""
-    @app.get("/v1/models", response_model=ModelList)
     async def models():
         return ModelList(data=[_card(rt, name) for name in rt.served_names])
 
-    @app.get("/v1/models/{model:path}", response_model=ModelCard)
     async def model(model: str):
         rt.normalizer.check_model(model)
         return _card(rt, model)
 
-    @app.post("/tokenize", response_model=TokenizeResponse)
     async def tokenize(request: Request):
         body = validated(TokenizeRequest, await read_json(request))
         rt.record(request, body.model)
         tokens = await off_loop_if_large(request, rt.normalizer.tokenize, body)
         return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=rt.capabilities.max_model_len)
 
-    @app.post("/detokenize", response_model=DetokenizeResponse)
     async def detokenize(request: Request):
         body = validated(DetokenizeRequest, await read_json(request))
         rt.record(request, body.model)
@@ -173,14 +188,17 @@ def _add_model_routes(app: FastAPI, rt: Runtime) -> None:
         rt.normalizer.check_token_ids(body.tokens, "tokens")
         return DetokenizeResponse(prompt=rt.tokenizer.decode(body.tokens))
 
+    return [_Route("GET", "/v1/models", models, ModelList),
+            _Route("GET", "/v1/models/{model:path}", model, ModelCard),
+            _Route("POST", "/tokenize", tokenize, TokenizeResponse),
+            _Route("POST", "/detokenize", detokenize, DetokenizeResponse)]
 
-def _add_operational_routes(app: FastAPI, rt: Runtime) -> None:
+
+def _operational_routes(rt: Runtime) -> list[_Route]:
     """Probes, the scraper's /metrics and the gateway's /load: open without the credential, kept while draining."""
-    @app.get("/health")
     async def health():
         return {"status": "ok"}
 
-    @app.get("/ready")
     async def ready():
         reason = None
         if not rt.lifecycle.warmed_up:
@@ -193,7 +211,6 @@ def _add_operational_routes(app: FastAPI, rt: Runtime) -> None:
             return JSONResponse({"ready": False, "reason": reason}, status_code=503)
         return {"ready": True}
 
-    @app.get("/load", response_model=LoadReport)
     async def load():
         s = rt.engine.stats()
         return LoadReport(model=rt.served_names[0], waiting=s.num_waiting, running=s.num_running,
@@ -201,9 +218,11 @@ def _add_operational_routes(app: FastAPI, rt: Runtime) -> None:
                           prefix_cache=PrefixCacheStats.of(s.prefix_cache_queries, s.prefix_cache_hits),
                           in_flight=rt.lifecycle.running, draining=rt.lifecycle.draining)
 
-    @app.get("/metrics")
     async def metrics():
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return [_Route("GET", "/health", health), _Route("GET", "/ready", ready),
+            _Route("GET", "/load", load, LoadReport), _Route("GET", "/metrics", metrics)]
 
 
 def _card(rt: Runtime, name: str) -> ModelCard:

@@ -10,6 +10,8 @@ import re
 import time
 import uuid
 
+from sluice_contracts.runtime_credential import OPEN_PATHS
+
 from .disconnect import ClientDisconnected, ClientStalled
 from .errors import APIError, internal_error, shutting_down, unauthorized
 from .request_log import RequestRecord
@@ -17,8 +19,6 @@ from .request_log import RequestRecord
 log = logging.getLogger("sluice.server")
 
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
-# Probes and scrapes keep answering while draining, and are not worth a log line each.
-_OPERATIONAL_PATHS = {"/health", "/ready", "/metrics", "/load"}
 
 
 class _BodyTooLarge(Exception):
@@ -39,40 +39,29 @@ class RequestContextMiddleware:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         record = _new_record(scope, headers)
-        request_id, path = record.request_id, record.path
-        echoed = (record.client_request_id or request_id).encode()
         state = scope.setdefault("state", {})
-        state["request_id"] = request_id
+        state["request_id"] = record.request_id
         state["record"] = record
         started = time.monotonic()
-        response_started = False
+        try:
+            await self._serve(scope, receive, _sending_request_id(send, record), headers, record)
+        finally:
+            if record.path not in OPEN_PATHS:
+                record.total_s = round(time.monotonic() - started, 4)
+                if record.cancelled:
+                    record.status = 499
+                self._metrics.observe_http(_endpoint(record.path), record.status or 0)
+                record.emit()
 
-        async def send_with_id(message):
-            nonlocal response_started
-            if message["type"] == "http.response.start":
-                response_started = True
-                record.status = message["status"]
-                message = dict(message)
-                message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", echoed)]
-            await send(message)
-
-        received = 0
-
-        async def counting_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self._max_body:
-                    raise _BodyTooLarge()
-            return message
-
+    async def _serve(self, scope, receive, send, headers: dict[str, str], record: RequestRecord) -> None:
+        """The route's answer, or the refusal or error that takes its place; record.status is set once a
+        response has started, after which nothing else can be sent."""
         refusal = self._refusal(scope, headers)
         try:
             if refusal is not None:
-                await self._send_error(refusal, record, scope, receive, send_with_id)
+                await self._send_error(refusal, record, scope, receive, send)
             else:
-                await self.app(scope, counting_receive, send_with_id)
+                await self.app(scope, _limited(receive, self._max_body), send)
         except ClientStalled:
             # The stream's events were closed, which aborted the engine request; uvicorn drops the connection.
             record.cancelled = True
@@ -82,19 +71,12 @@ class RequestContextMiddleware:
             # Nobody is left to answer; the handler already aborted the engine request.
             record.cancelled = True
         except _BodyTooLarge:
-            if not response_started:
-                await self._send_error(self._too_large(), record, scope, receive, send_with_id)
+            if record.status is None:
+                await self._send_error(self._too_large(), record, scope, receive, send)
         except Exception:
-            log.exception("unhandled error in request %s", request_id)
-            if not response_started:
-                await self._send_error(internal_error(request_id), record, scope, receive, send_with_id)
-        finally:
-            if path not in _OPERATIONAL_PATHS:
-                record.total_s = round(time.monotonic() - started, 4)
-                if record.cancelled:
-                    record.status = 499
-                self._metrics.observe_http(_endpoint(path), record.status or 0)
-                record.emit()
+            log.exception("unhandled error in request %s", record.request_id)
+            if record.status is None:
+                await self._send_error(internal_error(record.request_id), record, scope, receive, send)
 
     def _refusal(self, scope, headers: dict[str, str]) -> APIError | None:
         """What a request is answered with before it reaches a route, if anything."""
@@ -102,7 +84,9 @@ class RequestContextMiddleware:
         missing_credential = self._credential.refusal(path, scope["headers"]) if self._credential else None
         if missing_credential is not None:
             return unauthorized(missing_credential)
-        if self._lifecycle.draining and path not in _OPERATIONAL_PATHS:
+        # Probes and scrapes (the paths open without the credential) keep answering while draining, and are not
+        # worth a log line each.
+        if self._lifecycle.draining and path not in OPEN_PATHS:
             return shutting_down()
         if _int(headers.get("content-length")) > self._max_body:
             return self._too_large()
@@ -116,6 +100,36 @@ class RequestContextMiddleware:
     async def _send_error(err: APIError, record: RequestRecord, scope, receive, send) -> None:
         record.error_code = err.code
         await err.response()(scope, receive, send)
+
+
+def _sending_request_id(send, record: RequestRecord):
+    """`send` that records the status and adds x-request-id (the client's own when it sent a usable one)."""
+    echoed = (record.client_request_id or record.request_id).encode()
+
+    async def send_with_id(message):
+        if message["type"] == "http.response.start":
+            record.status = message["status"]
+            message = dict(message)
+            message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", echoed)]
+        await send(message)
+
+    return send_with_id
+
+
+def _limited(receive, max_body: int):
+    """`receive` that stops a body growing past `max_body`, whatever its content-length said."""
+    received = 0
+
+    async def counting_receive():
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > max_body:
+                raise _BodyTooLarge()
+        return message
+
+    return counting_receive
 
 
 def _new_record(scope, headers: dict[str, str]) -> RequestRecord:

@@ -187,14 +187,19 @@ class ChatChoice(BaseModel):
     finish_reason: str | None
 
 
-class ChatCompletionResponse(BaseModel):
+class _GenerationResponse(BaseModel):
+    """What a chat and a legacy completion response share; each adds its `object` and `choices`."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     system_fingerprint: str | None = None
-    choices: list[ChatChoice]
     usage: Usage
+
+
+class ChatCompletionResponse(_GenerationResponse):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
 
 
 class CompletionLogprobs(BaseModel):
@@ -213,14 +218,9 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(_GenerationResponse):
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
-    usage: Usage
 
 
 class EmbeddingData(BaseModel):
