@@ -17,6 +17,9 @@ HEADER = "authorization"
 # Probes and the operator's scraper read these without the credential; nothing else is open.
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics", "/load"})
 _MAX_CREDENTIAL_BYTES = 4096
+# Seconds a runtime still accepts the credential a rotation replaced. The kubelet refreshes a mounted Secret in
+# each pod on its own sync (about a minute, more under load), so the gateway may present the old one for that long.
+ROTATION_GRACE_S = 300.0
 
 
 def secret_name(release: str) -> str:

@@ -2,16 +2,19 @@
 
 The file is the mounted Secret (sluice_contracts.runtime_credential). It is read at start, where a missing,
 unreadable or empty file refuses to serve, and again whenever it has changed (one stat per request), so a
-rotated Secret takes effect, and the old credential stops working, without a restart.
+rotated Secret takes effect without a restart. The kubelet updates the gateway's copy and this pod's at
+different times, so the credential it replaces stays valid for a grace period (`--api-key-grace-s`): a gateway
+that has not seen the rotation yet is still served, and the old credential stops working once it has passed.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 
 from sluice_contracts.runtime_credential import (
-    HEADER, OPEN_PATHS, CredentialFileError, header_value, presented_matches, read_credential_file,
+    HEADER, OPEN_PATHS, ROTATION_GRACE_S, CredentialFileError, header_value, presented_matches, read_credential_file,
 )
 
 log = logging.getLogger("sluice.server")
@@ -19,10 +22,13 @@ _HEADER = HEADER.encode()
 
 
 class RuntimeCredential:
-    def __init__(self, path: str):
+    def __init__(self, path: str, grace_s: float = ROTATION_GRACE_S):
         self.path = path
+        self.grace_s = grace_s
         self._credential = read_credential_file(path, "api key file")
-        self._mtime = _mtime(path)
+        self._identity = _identity(path)
+        self._previous: str | None = None
+        self._previous_until = 0.0  # time.monotonic() after which the previous credential is refused
         self._lock = threading.Lock()
 
     def refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -36,29 +42,37 @@ class RuntimeCredential:
             return (f"This runtime needs its credential: send '{header_value('<credential>')}' "
                     "(clients call the gateway, not the runtime).")
         self._reload_if_changed()
-        if presented_matches(presented[0].decode("latin-1"), self._credential):
+        value = presented[0].decode("latin-1")
+        current = presented_matches(value, self._credential)
+        # Both comparisons always run, so the time taken does not tell which credential nearly matched.
+        previous = presented_matches(value, self._previous or self._credential)
+        if current or (previous and self._previous is not None and time.monotonic() < self._previous_until):
             return None
         return "Incorrect runtime credential provided."
 
     def _reload_if_changed(self) -> None:
-        mtime = _mtime(self.path)
-        if mtime is None or mtime == self._mtime:
+        identity = _identity(self.path)
+        if identity is None or identity == self._identity:
             return
         with self._lock:
             try:
                 credential = read_credential_file(self.path, "api key file")
             except CredentialFileError as exc:
-                # A Secret being rewritten can be briefly empty; the previous credential stays until it is good.
-                log.warning("keeping the previous runtime credential: %s", exc)
+                # A Secret being rewritten can be briefly empty; the current credential stays until it is good.
+                log.warning("keeping the current runtime credential: %s", exc)
                 return
-            self._mtime = mtime
+            self._identity = identity
             if credential != self._credential:
-                self._credential = credential
-                log.info("runtime credential reloaded from %s", self.path)
+                self._previous, self._credential = self._credential, credential
+                self._previous_until = time.monotonic() + self.grace_s
+                log.info("runtime credential reloaded from %s; the previous one is accepted for %g s more",
+                         self.path, self.grace_s)
 
 
-def _mtime(path: str) -> int | None:
+def _identity(path: str) -> tuple[int, int, int] | None:
+    # The inode too: the kubelet swaps a symlink to a new file, whose mtime may equal the old one's.
     try:
-        return os.stat(path).st_mtime_ns
+        st = os.stat(path)
     except OSError:
         return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from sluice_contracts.runtime_credential import ROTATION_GRACE_S
 from sluice_runtime.engine.config import parse_memory
 from sluice_runtime.flags import add_flags, flag, from_flags
 
@@ -29,6 +30,8 @@ class ServerSettings:
     api_key_file: str | None = flag(None, "file holding the runtime credential; when given, every path but "
                                           "/health, /ready, /metrics and /load needs 'Authorization: Bearer "
                                           "<credential>'", metavar="PATH")
+    api_key_grace_s: float = flag(ROTATION_GRACE_S, "seconds the credential a rotation replaced is still accepted "
+                                                    "(the gateway may read the rotated Secret later)")
     credential: RuntimeCredential | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -41,12 +44,13 @@ class ServerSettings:
              f"request timeout must be positive, got {self.request_timeout}"),
             (self.stream_idle_timeout > 0, f"stream idle timeout must be positive, got {self.stream_idle_timeout}"),
             (all(n.strip() for n in self.served_model_names), "served model names must be non-empty"),
+            (0 <= self.api_key_grace_s <= 86400, f"api key grace must be in [0, 86400] s, got {self.api_key_grace_s}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
         if self.api_key_file is not None:
-            self.credential = RuntimeCredential(self.api_key_file)
+            self.credential = RuntimeCredential(self.api_key_file, self.api_key_grace_s)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
