@@ -303,3 +303,18 @@ def test_only_objects_the_model_controls_are_its_to_change(references, ours):
     assert in_the_way == ([] if ours else ["Deployment smollm2"])
     if in_the_way:
         assert conflict_message(in_the_way).startswith("Deployment smollm2 already exists and does not belong")
+
+
+def test_routing_table_config_map_is_owned_by_every_model_and_names_its_generation():
+    from sluice_operator.builders import ROUTING_TABLE, ROUTING_TABLE_KEY, build_routing_table
+
+    models = [{"metadata": {"name": name, "uid": f"uid-{name}"}} for name in ("a", "b")]
+    cm = build_routing_table("demo", 7, '{"version": 1}', models)
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == ROUTING_TABLE
+    assert cm["metadata"]["namespace"] == "demo"
+    assert cm["data"] == {ROUTING_TABLE_KEY: '{"version": 1}'}
+    assert cm["metadata"]["annotations"] == {"sluice.dev/generation": "7"}
+    # Owned by all, controlled by none: the table goes with the last model, and no model takes it over.
+    refs = cm["metadata"]["ownerReferences"]
+    assert [r["uid"] for r in refs] == ["uid-a", "uid-b"] and not any(r.get("controller") for r in refs)
+    assert cm["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "sluice-operator"
