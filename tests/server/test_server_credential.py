@@ -1,5 +1,6 @@
 """The runtime credential (--api-key-file): only its holder gets past /health, /ready, /metrics and /load."""
 import subprocess
+import time
 
 import httpx
 import openai
@@ -10,6 +11,7 @@ pytestmark = pytest.mark.integration
 
 CREDENTIAL = "rt-credential-7f3a9c"
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+GRACE_S = 5  # how long the runtime under test still accepts a replaced credential
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +23,7 @@ def key_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guarded(key_file):
-    with start_runtime_server("--api-key-file", str(key_file)) as server:
+    with start_runtime_server("--api-key-file", str(key_file), "--api-key-grace-s", str(GRACE_S)) as server:
         yield server
 
 
@@ -92,15 +94,52 @@ def test_refusals_are_logged(guarded):
     assert line["status"] == 401 and line["error_code"] == "invalid_api_key"
 
 
-def test_a_rotated_credential_takes_effect_without_a_restart(guarded, key_file):
+def models_with(server, credential: str) -> httpx.Response:
+    return httpx.get(f"{server.url}/v1/models", headers={"authorization": f"Bearer {credential}"})
+
+
+def test_a_rotated_credential_takes_effect_without_a_restart_and_the_old_one_ends_after_the_grace(guarded, key_file):
     key_file.write_text("rt-credential-rotated\n")
     try:
-        refused(httpx.get(f"{guarded.url}/v1/models", headers={"authorization": f"Bearer {CREDENTIAL}"}))
-        ok = httpx.get(f"{guarded.url}/v1/models", headers={"authorization": "Bearer rt-credential-rotated"})
-        assert ok.status_code == 200
+        assert models_with(guarded, "rt-credential-rotated").status_code == 200
+        # The gateway's copy of the Secret may not have been updated yet: the replaced credential still works...
+        assert models_with(guarded, CREDENTIAL).status_code == 200
+        seen_at = time.monotonic()
+        refused(models_with(guarded, "rt-credential-older"))  # ...and nothing else does
+        time.sleep(max(0.0, seen_at + GRACE_S + 0.5 - time.monotonic()))
+        refused(models_with(guarded, CREDENTIAL))  # ...until the grace has passed
+        assert models_with(guarded, "rt-credential-rotated").status_code == 200
     finally:
         key_file.write_text(CREDENTIAL + "\n")
-    assert httpx.get(f"{guarded.url}/v1/models", headers={"authorization": f"Bearer {CREDENTIAL}"}).status_code == 200
+    assert models_with(guarded, CREDENTIAL).status_code == 200
+
+
+def test_a_bad_rotated_file_keeps_the_current_credential_and_says_why(guarded, key_file):
+    for bad in ("", "two words\n", "x" * 5000):
+        key_file.write_text(bad)
+        try:
+            assert models_with(guarded, CREDENTIAL).status_code == 200
+            refused(models_with(guarded, "two"))
+        finally:
+            key_file.write_text(CREDENTIAL + "\n")
+    assert "keeping the current runtime credential" in guarded.stderr()
+    assert models_with(guarded, CREDENTIAL).status_code == 200
+
+
+@pytest.mark.parametrize("grace, message", [
+    ("-1", "api key grace must be in [0, 86400] s, got -1.0"),
+    ("nan", "api key grace must be in [0, 86400] s, got nan"),
+    ("inf", "api key grace must be in [0, 86400] s, got inf"),
+    ("86401", "api key grace must be in [0, 86400] s"),
+    ("five", "argument --api-key-grace-s: invalid float value: 'five'"),
+])
+def test_a_bad_grace_refuses_to_start(tmp_path, grace, message):
+    path = tmp_path / "api-key"
+    path.write_text(CREDENTIAL)
+    done = subprocess.run(_command() + ["serve", "--api-key-file", str(path), "--api-key-grace-s", grace],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("content, message", [
