@@ -9,24 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from .sampler import SampleRequest, SampleResult, Sampler
+from .sampler import SampleRequest, SampleResult, Sampler, race, sampling_probs
 
 
 def needs_host(req: SampleRequest) -> bool:
     p = req.params
     return bool(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty or req.banned_ids
                 or req.constraint is not None or p.logprobs is not None or req.generator is not None)
-
-
-def truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask tokens outside each row's top-k, nucleus and min-p sets; the first token always stays."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(logits.shape[-1], device=logits.device).expand_as(sorted_logits)
-    probs = sorted_logits.softmax(dim=-1)
-    drop = (ranks >= top_k[:, None]) | ((probs.cumsum(dim=-1) - probs) >= top_p[:, None])
-    drop |= probs < (min_p[:, None] * probs[:, :1])
-    drop[:, 0] = False
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
 class DeviceSampler:
@@ -56,19 +45,7 @@ class DeviceSampler:
         tokens = logits.argmax(dim=-1)
         random_rows = [j for j, r in enumerate(requests) if not r.params.greedy]
         if random_rows:
-            params = [requests[j].params for j in random_rows]
             index = torch.tensor(random_rows, device=self.device)
-
-            def column(values, dtype=torch.float32):
-                return torch.tensor(values, dtype=dtype, device=self.device)
-
-            scaled = logits[index] / column([p.temperature for p in params])[:, None]
-            vocab = logits.shape[-1]
-            if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
-                scaled = truncate(scaled, column([p.top_k if p.top_k > 0 else vocab for p in params], torch.long),
-                                  column([p.top_p for p in params]), column([p.min_p for p in params]))
-            probs = scaled.softmax(dim=-1)
-            # Exponential race, as on the host: argmax(p / E) with E ~ Exp(1) draws from p.
-            noise = torch.empty_like(probs).exponential_(generator=self.generator)
-            tokens[index] = (probs / noise).argmax(dim=-1)
+            probs = sampling_probs(logits[index], [requests[j].params for j in random_rows])
+            tokens[index] = race(probs, torch.empty_like(probs).exponential_(generator=self.generator))
         return tokens.tolist()

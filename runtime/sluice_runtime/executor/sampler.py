@@ -1,4 +1,8 @@
-"""Turns the logits of one step into tokens: penalties, masks, temperature, top-k/p, min-p, seeds."""
+"""Turns the logits of one step into tokens: penalties, masks, temperature, top-k/p, min-p, seeds.
+
+`sampling_probs` and `race` are the sampling itself, written once for any device: the host `Sampler` runs them
+on CPU logits with each request's own generator, `DeviceSampler` on the GPU with one generator for the batch.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,18 +10,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..engine.sampling_params import SamplingParams, TokenConstraint
 
 
 @dataclass
 class SampleRequest:
-    """What the sampler needs to know about one row of logits (params: the engine's SamplingParams)."""
+    """What the sampler needs to know about one row of logits."""
 
-    params: object
+    params: SamplingParams
     prompt_ids: list[int]
     output_ids: list[int]
-    generator: torch.Generator | None
+    generator: torch.Generator | None  # the request's seed; None: the sampler's own generator
     banned_ids: list[int]  # EOS and stop ids while min_tokens is not reached
-    constraint: object | None
+    constraint: TokenConstraint | None
 
 
 @dataclass
@@ -25,6 +30,36 @@ class SampleResult:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+
+
+def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's distribution: its temperature, then its top-k, nucleus and min-p sets, on the logits' device."""
+    def column(values: list, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=logits.device)
+
+    scaled = logits / column([p.temperature for p in params])[:, None]
+    vocab = logits.shape[-1]
+    if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
+        scaled = _truncate(scaled, column([p.top_k if p.top_k > 0 else vocab for p in params], torch.long),
+                           column([p.top_p for p in params]), column([p.min_p for p in params]))
+    return scaled.softmax(dim=-1)
+
+
+def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, so a draw needs only the noise's generator."""
+    return (probs / noise).argmax(dim=-1)
+
+
+def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens outside each row's top-k, nucleus and min-p sets; the first token always stays."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device).expand_as(sorted_logits)
+    probs = sorted_logits.softmax(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p.
+    drop = (ranks >= top_k[:, None]) | ((probs.cumsum(dim=-1) - probs) >= top_p[:, None])
+    drop |= probs < (min_p[:, None] * probs[:, :1])
+    drop[:, 0] = False
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
 def _apply_penalties(row: torch.Tensor, req: SampleRequest) -> None:
@@ -38,7 +73,7 @@ def _apply_penalties(row: torch.Tensor, req: SampleRequest) -> None:
         row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
 
-def _apply_constraint(row: torch.Tensor, constraint) -> None:
+def _apply_constraint(row: torch.Tensor, constraint: TokenConstraint) -> None:
     allowed = constraint.allowed_tokens()
     if allowed is None:
         return
@@ -48,22 +83,9 @@ def _apply_constraint(row: torch.Tensor, constraint) -> None:
     row.masked_fill_(~torch.from_numpy(mask), float("-inf"))
 
 
-def _truncate(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask out tokens outside each row's top-k, nucleus and min-p sets (row-wise parameters)."""
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab).expand_as(sorted_logits)
-    drop = ranks >= top_k[:, None]
-    probs = sorted_logits.softmax(dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
-    drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
-    drop |= probs < (min_p[:, None] * probs[:, :1])
-    drop[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-
-
 class Sampler:
+    """The host sampler: everything a request can ask for, with per-request seeded generators."""
+
     def __init__(self, seed: int):
         self.default_generator = torch.Generator().manual_seed(seed)
 
@@ -75,40 +97,30 @@ class Sampler:
                 row[torch.tensor(req.banned_ids, dtype=torch.long)] = float("-inf")
             if req.constraint is not None:
                 _apply_constraint(row, req.constraint)
-
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(requests) if not r.params.greedy]
         if random_rows:
-            idx = torch.tensor(random_rows)
-            params = [requests[i].params for i in random_rows]
-            scaled = logits[idx] / torch.tensor([p.temperature for p in params])[:, None]
-            vocab = logits.shape[-1]
-            if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
-                scaled = _truncate(
-                    scaled,
-                    torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]),
-                    torch.tensor([p.top_p for p in params]),
-                    torch.tensor([p.min_p for p in params]),
-                )
-            probs = scaled.softmax(dim=-1)
+            probs = sampling_probs(logits[torch.tensor(random_rows)], [requests[i].params for i in random_rows])
             for j, i in enumerate(random_rows):
-                # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, using only the row's generator.
-                noise = torch.empty_like(probs[j]).exponential_(generator=requests[i].generator or self.default_generator)
-                tokens[i] = (probs[j] / noise).argmax()
+                generator = requests[i].generator or self.default_generator
+                tokens[i] = race(probs[j], torch.empty_like(probs[j]).exponential_(generator=generator))
+        return _results(logits, tokens.tolist(), requests)
 
-        results = []
-        want_logprobs = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
-        logprobs = logits[want_logprobs].log_softmax(dim=-1) if want_logprobs else None
-        token_list = tokens.tolist()
-        lp_rows = {i: k for k, i in enumerate(want_logprobs)}
-        for i, req in enumerate(requests):
-            result = SampleResult(token_list[i])
-            if i in lp_rows:
-                row = logprobs[lp_rows[i]]
-                result.logprob = float(row[token_list[i]])
-                result.top_logprobs = []
-                if req.params.logprobs:
-                    values, ids = row.topk(req.params.logprobs)
-                    result.top_logprobs = list(zip(ids.tolist(), values.tolist()))
-            results.append(result)
-        return results
+
+def _results(logits: torch.Tensor, token_ids: list[int], requests: list[SampleRequest]) -> list[SampleResult]:
+    """The sampled tokens, with the logprobs of the requests that asked for them (from the masked logits)."""
+    want_logprobs = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    logprobs = logits[want_logprobs].log_softmax(dim=-1) if want_logprobs else None
+    lp_rows = {i: k for k, i in enumerate(want_logprobs)}
+    results = []
+    for i, req in enumerate(requests):
+        result = SampleResult(token_ids[i])
+        if i in lp_rows:
+            row = logprobs[lp_rows[i]]
+            result.logprob = float(row[token_ids[i]])
+            result.top_logprobs = []
+            if req.params.logprobs:
+                values, ids = row.topk(req.params.logprobs)
+                result.top_logprobs = list(zip(ids.tolist(), values.tolist()))
+        results.append(result)
+    return results

@@ -1,0 +1,59 @@
+"""The sampling both devices share: which tokens each truncation keeps, and draws that follow the distribution."""
+import torch
+
+from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.executor.device_sampler import DeviceSampler
+from sluice_runtime.executor.sampler import SampleRequest, Sampler, sampling_probs
+
+LOGITS = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
+
+
+def kept(**params) -> list[int]:
+    probs = sampling_probs(LOGITS, [SamplingParams(**params)])[0]
+    return [i for i, p in enumerate(probs.tolist()) if p > 0]
+
+
+def test_each_truncation_keeps_its_set_and_always_the_top_token():
+    assert kept(top_k=2) == [0, 1]
+    assert kept(top_k=-1) == kept(top_k=0) == [0, 1, 2, 3, 4, 5]
+    # Softmax mass 0.64, 0.24, 0.09, ...: 0.8 is reached with the second token.
+    assert kept(top_p=0.8) == [0, 1]
+    assert kept(top_p=1e-9) == [0]
+    assert kept(min_p=0.3) == [0, 1]  # 0.24 / 0.64 = 0.37 stays, 0.09 / 0.64 = 0.14 goes
+    assert kept(min_p=1.0) == [0]
+    assert kept(top_k=3, top_p=0.99, min_p=0.2) == [0, 1]
+
+
+def test_rows_keep_their_own_parameters():
+    params = [SamplingParams(top_k=1), SamplingParams(temperature=2.0), SamplingParams(top_p=0.8)]
+    probs = sampling_probs(LOGITS.repeat(3, 1), params)
+    assert (probs[0] > 0).sum() == 1 and (probs[1] > 0).sum() == 6 and (probs[2] > 0).sum() == 2
+    assert torch.allclose(probs.sum(dim=-1), torch.ones(3))
+    assert probs[1, 0] < sampling_probs(LOGITS, [SamplingParams()])[0, 0]  # a higher temperature flattens
+
+
+def _requests(count: int, generator=None, **params) -> list[SampleRequest]:
+    return [SampleRequest(SamplingParams(**params), [1], [], generator, [], None) for _ in range(count)]
+
+
+def test_both_samplers_draw_from_the_truncated_distribution():
+    logits = LOGITS.repeat(2000, 1)
+    expected = sampling_probs(LOGITS, [SamplingParams(top_k=3)])[0, :3]
+    for sampler in (Sampler(0), DeviceSampler(Sampler(0), torch.device("cpu"), seed=0)):
+        tokens = torch.tensor([r.token_id for r in sampler(logits.clone(), _requests(2000, top_k=3))])
+        shares = torch.bincount(tokens, minlength=6)[:3] / 2000
+        assert set(tokens.tolist()) <= {0, 1, 2}
+        assert torch.allclose(shares, expected, atol=0.04), (type(sampler).__name__, shares, expected)
+
+
+def test_a_seeded_request_draws_the_same_tokens_whatever_runs_beside_it():
+    def draws(neighbours: int) -> list[int]:
+        sampler, generator = Sampler(neighbours), torch.Generator().manual_seed(7)
+        tokens = []
+        for _ in range(20):
+            batch = _requests(neighbours, temperature=1.0) + _requests(1, generator, temperature=1.0)
+            tokens.append(sampler(LOGITS.repeat(neighbours + 1, 1), batch)[-1].token_id)
+        return tokens
+
+    alone = draws(0)
+    assert draws(5) == alone and len(set(alone)) > 1
