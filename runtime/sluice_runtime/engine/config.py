@@ -69,7 +69,7 @@ class EngineConfig:
                                                     "--max-num-seqs where that is more)", parse=int)
     target_itl_ms: str | float = flag(
         "auto", "while requests decode, a step carrying prompt chunks takes at most this long: auto (twice the "
-                "decode-only step, measured as the engine runs; engine/step_budget.py), off (token budget only), "
+                "decode-only step, measured as the engine runs), off (token budget only), "
                 "or milliseconds")
     max_waiting: int = flag(1024, "queued requests before new ones are refused as overloaded")
     enable_prefix_caching: bool = flag(True, "disable reuse of cached prompt blocks", option="--no-prefix-caching")
