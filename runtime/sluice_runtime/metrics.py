@@ -27,27 +27,23 @@ class _EngineStateCollector:
 
     def collect(self):
         s = self._stats()
-        labels = [names.MODEL_LABEL]
-        for name, doc, value in (
-            (names.NUM_REQUESTS_RUNNING, "Requests in the running batch.", s.num_running),
-            (names.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", s.num_waiting),
-            (names.KV_CACHE_USAGE, "Fraction of KV-cache blocks in use (0-1).", s.kv_cache_usage),
+        for family, name, doc, value in (
+            (GaugeMetricFamily, names.NUM_REQUESTS_RUNNING, "Requests in the running batch.", s.num_running),
+            (GaugeMetricFamily, names.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", s.num_waiting),
+            (GaugeMetricFamily, names.KV_CACHE_USAGE, "Fraction of KV-cache blocks in use (0-1).", s.kv_cache_usage),
+            (CounterMetricFamily, names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
+             s.prefix_cache_queries),
+            (CounterMetricFamily, names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.",
+             s.prefix_cache_hits),
+            (CounterMetricFamily, names.NUM_PREEMPTIONS, "Requests preempted to free KV blocks.", s.num_preemptions),
         ):
-            gauge = GaugeMetricFamily(name, doc, labels=labels)
-            gauge.add_metric([self._model], value)
-            yield gauge
+            metric = family(name, doc, labels=[names.MODEL_LABEL])
+            metric.add_metric([self._model], value)
+            yield metric
         info = GaugeMetricFamily(names.CACHE_CONFIG_INFO, "KV-cache configuration.",
                                  labels=[names.MODEL_LABEL, "block_size", "num_gpu_blocks"])
         info.add_metric([self._model, str(s.block_size), str(s.num_kv_blocks)], 1)
         yield info
-        for name, doc, value in (
-            (names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
-            (names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
-            (names.NUM_PREEMPTIONS, "Requests preempted to free KV blocks.", s.num_preemptions),
-        ):
-            counter = CounterMetricFamily(name, doc, labels=labels)
-            counter.add_metric([self._model], value)
-            yield counter
 
 
 class RuntimeMetrics:
@@ -56,35 +52,32 @@ class RuntimeMetrics:
         self.registry = CollectorRegistry()
         r, m = self.registry, [names.MODEL_LABEL]
         r.register(_EngineStateCollector(model_name, stats))
-        self._prompt_tokens = Counter(names.PROMPT_TOKENS, "Prompt tokens processed.", m, registry=r)
-        self._generation_tokens = Counter(names.GENERATION_TOKENS, "Tokens generated.", m, registry=r)
+
+        # Most series have the model as their only label: they are bound to it here.
+        def counter(name: str, doc: str):
+            return Counter(name, doc, m, registry=r).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple = _LATENCY_BUCKETS):
+            return Histogram(name, doc, m, buckets=buckets, registry=r).labels(model_name)
+
+        self._prompt_tokens = counter(names.PROMPT_TOKENS, "Prompt tokens processed.")
+        self._generation_tokens = counter(names.GENERATION_TOKENS, "Tokens generated.")
         self._success = Counter(names.REQUEST_SUCCESS, "Finished requests by finish reason.",
                                 m + ["finished_reason"], registry=r)
-        self._ttft = Histogram(names.TIME_TO_FIRST_TOKEN, "Time to first token.", m,
-                               buckets=_LATENCY_BUCKETS, registry=r)
-        self._itl = Histogram(names.INTER_TOKEN_LATENCY, "Time between output tokens.", m,
-                              buckets=_ITL_BUCKETS, registry=r)
-        self._e2e = Histogram(names.E2E_REQUEST_LATENCY, "Arrival to finish.", m,
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self._queue = Histogram(names.REQUEST_QUEUE_TIME, "Arrival to first scheduling.", m,
-                                buckets=_LATENCY_BUCKETS, registry=r)
-        self._prefill = Histogram(names.REQUEST_PREFILL_TIME, "First scheduling to first token.", m,
-                                  buckets=_LATENCY_BUCKETS, registry=r)
-        self._decode = Histogram(names.REQUEST_DECODE_TIME, "First token to finish.", m,
-                                 buckets=_LATENCY_BUCKETS, registry=r)
-        self._prompt_hist = Histogram(names.REQUEST_PROMPT_TOKENS, "Prompt length per request.", m,
-                                      buckets=_TOKEN_BUCKETS, registry=r)
-        self._gen_hist = Histogram(names.REQUEST_GENERATION_TOKENS, "Generated tokens per request.", m,
-                                   buckets=_TOKEN_BUCKETS, registry=r)
+        self._ttft = histogram(names.TIME_TO_FIRST_TOKEN, "Time to first token.")
+        self._itl = histogram(names.INTER_TOKEN_LATENCY, "Time between output tokens.", _ITL_BUCKETS)
+        self._e2e = histogram(names.E2E_REQUEST_LATENCY, "Arrival to finish.")
+        self._queue = histogram(names.REQUEST_QUEUE_TIME, "Arrival to first scheduling.")
+        self._prefill = histogram(names.REQUEST_PREFILL_TIME, "First scheduling to first token.")
+        self._decode = histogram(names.REQUEST_DECODE_TIME, "First token to finish.")
+        self._prompt_hist = histogram(names.REQUEST_PROMPT_TOKENS, "Prompt length per request.", _TOKEN_BUCKETS)
+        self._gen_hist = histogram(names.REQUEST_GENERATION_TOKENS, "Generated tokens per request.", _TOKEN_BUCKETS)
         self._http = Counter("sluice_runtime_http_requests", "HTTP requests by endpoint and status.",
                              ["endpoint", "status"], registry=r)
-        self._cancelled = Counter("sluice_runtime_requests_cancelled", "Requests aborted because the client left.",
-                                  m, registry=r)
-        self._stalled = Counter("sluice_runtime_requests_stalled",
-                                "Streams aborted because their client read nothing for the stream idle timeout.",
-                                m, registry=r)
-        self._timeouts = Counter("sluice_runtime_requests_timeout", "Requests stopped at their deadline.",
-                                 m, registry=r)
+        self._cancelled = counter("sluice_runtime_requests_cancelled", "Requests aborted because the client left.")
+        self._stalled = counter("sluice_runtime_requests_stalled",
+                                "Streams aborted because their client read nothing for the stream idle timeout.")
+        self._timeouts = counter("sluice_runtime_requests_timeout", "Requests stopped at their deadline.")
         self._rejected = Counter("sluice_runtime_requests_rejected", "Requests refused by the engine at admission.",
                                  m + ["reason"], registry=r)
         self.in_flight = Gauge("sluice_runtime_requests_in_flight", "HTTP generation requests being served.",
@@ -98,12 +91,12 @@ class RuntimeMetrics:
 
     def observe_cancelled(self) -> None:
         """The client left; the engine request ended as an abort the server never saw finish."""
-        self._cancelled.labels(self.model_name).inc()
+        self._cancelled.inc()
         self._success.labels(self.model_name, "abort").inc()
 
     def observe_stalled(self) -> None:
         """The client stopped reading; its engine request was aborted."""
-        self._stalled.labels(self.model_name).inc()
+        self._stalled.inc()
         self.observe_cancelled()
 
     def observe_rejected(self, reason: str) -> None:
@@ -113,31 +106,31 @@ class RuntimeMetrics:
         """`tokens` new tokens arrived `seconds` after the previous ones."""
         per_token = seconds / tokens
         for _ in range(tokens):
-            self._itl.labels(self.model_name).observe(per_token)
+            self._itl.observe(per_token)
 
     def observe_finished(self, metrics: RequestMetrics, prompt_tokens: int, generated: int,
                          finish_reasons: list[str]) -> None:
         """One engine request ended; `finish_reasons` has one entry per sequence (n > 1)."""
         model = self.model_name
-        self._prompt_tokens.labels(model).inc(prompt_tokens)
-        self._generation_tokens.labels(model).inc(generated)
-        self._prompt_hist.labels(model).observe(prompt_tokens)
-        self._gen_hist.labels(model).observe(generated)
+        self._prompt_tokens.inc(prompt_tokens)
+        self._generation_tokens.inc(generated)
+        self._prompt_hist.observe(prompt_tokens)
+        self._gen_hist.observe(generated)
         for reason in finish_reasons:
             self._success.labels(model, reason).inc()
             if reason == "timeout":
-                self._timeouts.labels(model).inc()
+                self._timeouts.inc()
         arrival = metrics.arrival_time
         if metrics.first_token_time is not None:
-            self._ttft.labels(model).observe(metrics.first_token_time - arrival)
+            self._ttft.observe(metrics.first_token_time - arrival)
         if metrics.finished_time is not None:
-            self._e2e.labels(model).observe(metrics.finished_time - arrival)
+            self._e2e.observe(metrics.finished_time - arrival)
             if metrics.first_token_time is not None:
-                self._decode.labels(model).observe(metrics.finished_time - metrics.first_token_time)
+                self._decode.observe(metrics.finished_time - metrics.first_token_time)
         if metrics.first_scheduled_time is not None:
-            self._queue.labels(model).observe(metrics.first_scheduled_time - arrival)
+            self._queue.observe(metrics.first_scheduled_time - arrival)
             if metrics.first_token_time is not None:
-                self._prefill.labels(model).observe(metrics.first_token_time - metrics.first_scheduled_time)
+                self._prefill.observe(metrics.first_token_time - metrics.first_scheduled_time)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
