@@ -82,15 +82,17 @@ class Admission:
 
 def used_tokens(prompt_tokens: Any, completion_tokens: Any, status: int) -> int | None:
     """The request's real usage; 0 when it certainly generated nothing; None when unknown (charged in full)."""
-    if _is_count(prompt_tokens) and (completion_tokens is None or _is_count(completion_tokens)):
+    if is_count(prompt_tokens) and (completion_tokens is None or is_count(completion_tokens)):
         return prompt_tokens + (completion_tokens or 0)
     if 400 <= status < 499 or status == 503:  # refused before generating: by the gateway or the runtime
         return 0
     return None
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def is_count(value: Any) -> bool:
+    """A token count as the limiter takes one from an upstream: a plain non-negative JSON integer (no bool, no
+    float, nothing past what a JSON number holds exactly)."""
+    return type(value) is int and 0 <= value < 1 << 53
 
 
 def _set_max_tokens(payload: dict[str, Any], value: int) -> None:

@@ -1,15 +1,14 @@
 """The gateway's HTTP front: a plain ASGI app (no framework on the hot path, for latency).
 
 Request path: auth → body → parse → model permission → route lookup → context check → limits → pick and
-forward.
+forward (forwarder.py) → relay the response (relay.py). The request travels as one RequestContext.
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
-access-log line (with the key's id, never the key).
+access-log line (access_record.py; with the key's id, never the key).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import re
 import time
@@ -17,24 +16,27 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .auth import KeyStore, Principal
-from .config import START_ONLY_FIELDS, GatewayConfig
-from .errors import GatewayError
+from .access_record import record
 from .admission import Admission
+from .auth import KeyStore, require_principal
+from .client_io import ClientGone, read_body, send_all
+from .config import START_ONLY_FIELDS, GatewayConfig
 from .cost import check_context, reserve
+from .errors import GatewayError
+from .forwarder import Forwarder, Send
 from .limits import Limiter
 from .limits.memory import MemoryLimiter
 from .limits.redis import RedisLimiter
 from .load_poller import LoadPoller
 from .metrics import GatewayMetrics
 from .picker import Picker
-from .proxy import Outcome, Upstream
-from .request import ParsedRequest, parse_request
+from .plain_endpoints import GET_ROUTES
+from .request import parse_request
+from .request_context import RequestContext
 from .routing_table import Route, RoutingTable, max_model_len
 from .watched_files import WatchedFiles
 
 log = logging.getLogger("sluice_gateway")
-access_log = logging.getLogger("sluice_gateway.access")
 
 _PROXIED = {
     "/v1/chat/completions": "chat",
@@ -46,10 +48,6 @@ _JSON = (b"content-type", b"application/json")
 _CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Request ids: a random per-process prefix and a counter, unique without a system call per request.
 _request_ids = (f"{uuid.uuid4().hex[:16]}{n:08x}".encode() for n in itertools.count())
-
-
-class _ClientGone(Exception):
-    """The client disconnected while the gateway was still reading its request."""
 
 
 class GatewayApp:
@@ -67,9 +65,9 @@ class GatewayApp:
         self._terminating = False
         self._tasks: list[asyncio.Task] = []
         self._poller: asyncio.Task | None = None
+        self.files = WatchedFiles(config_path, routes_path, self.metrics, self.apply_config, self.apply_table)
         self._configure(GatewayConfig())  # no tenants, no keys: in force only until the file is read
         self._configured = False
-        self.files = WatchedFiles(config_path, routes_path, self.metrics, self.apply_config, self.apply_table)
         self.files.check()
 
     def _configure(self, config: GatewayConfig) -> None:
@@ -77,8 +75,8 @@ class GatewayApp:
         self.keys = KeyStore(config)
         self.picker = Picker(config.routing)
         self.picker.sync(self.table)
-        self.upstream = Upstream(
-            config.timeouts, self.picker, self.metrics, credential=lambda: self.files.credential_header,
+        self.forwarder = Forwarder(
+            config.timeouts, self.picker, self.metrics, credential=self.files.upstream_credential,
             max_response_bytes=config.max_response_bytes,
         )
         self.limiter: Limiter = (
@@ -91,7 +89,7 @@ class GatewayApp:
     def apply_config(self, config: GatewayConfig) -> None:
         if not self._configured:
             # The stand-in served no request (it has no keys), so all of it can be replaced.
-            self.upstream.close()
+            self.forwarder.close()
             self._configure(config)
             self._configured = True
             log.info("gateway config loaded: %d tenants, %d admin keys", len(config.tenants), len(config.admin_keys))
@@ -121,7 +119,7 @@ class GatewayApp:
         poller = LoadPoller(
             self.picker, self.metrics, self.config.routing.poll_interval_s, self.config.routing.poll_timeout_s
         )
-        self._poller = asyncio.get_running_loop().create_task(poller.run(self.upstream.pool))
+        self._poller = asyncio.get_running_loop().create_task(poller.run(self.forwarder.pool))
 
     def begin_termination(self) -> None:
         """SIGTERM: /ready fails from now on; requests are still served (see drain.py)."""
@@ -140,7 +138,7 @@ class GatewayApp:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self.upstream.close()
+        self.forwarder.close()
         await self.limiter.close()
 
     # -- ASGI --------------------------------------------------------------------------------------------
@@ -169,109 +167,91 @@ class GatewayApp:
         own_id = next(_request_ids)
         client_id = headers.get(b"x-request-id")
         client_id = client_id if client_id and _CLIENT_ID.match(client_id) else None
-        request_id = client_id or own_id  # what the response says
         path, method = scope["path"], scope["method"]
         kind = _PROXIED.get(path)
         if kind is not None and method == "POST":
-            await self._proxy(kind, path, headers, own_id, client_id, started, receive, send)
+            ctx = RequestContext(kind, path, own_id, client_id, started, Admission(self.limiter, self.metrics),
+                                 response_headers=[(b"x-request-id", client_id or own_id),
+                                                   (b"x-sluice-request-id", own_id)])
+            await self._proxy(ctx, headers, receive, send)
             return
         try:
-            if method != "GET" and (kind is not None or path in _GET_ROUTES):
+            if method != "GET" and (kind is not None or path in GET_ROUTES):
                 raise GatewayError(405, f"{method} is not allowed on {path}")
-            handler = _GET_ROUTES.get(path)
+            handler = GET_ROUTES.get(path)
             if handler is None:
                 raise GatewayError(404, f"no such endpoint: {path}", code="unknown_url")
             status, body, content_type = handler(self, headers)
         except GatewayError as err:
             status, body, content_type = err.status, err.body(), b"application/json"
-        await _send_all(send, status, body, [(b"content-type", content_type), (b"x-request-id", request_id)], started)
+        await send_all(send, status, body, [(b"content-type", content_type), (b"x-request-id", client_id or own_id)],
+                       started)
 
     # -- the proxied endpoints ---------------------------------------------------------------------------
-    async def _proxy(
-        self, kind: str, path: str, headers: dict[bytes, bytes], request_id: bytes, client_id: bytes | None,
-        started: float, receive: Any, send: Any,
-    ) -> None:
-        outcome = Outcome()
-        principal: Principal | None = None
-        admission = Admission(self.limiter, self.metrics)
-        response_headers = [(b"x-request-id", client_id or request_id), (b"x-sluice-request-id", request_id)]
-        response_started = False
-        stream = False
-
+    async def _proxy(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send) -> None:
+        """Serve one proxied request; whatever happens, answer it in the API's format, settle and record it."""
         async def send_tracked(message: dict[str, Any]) -> None:
-            nonlocal response_started
-            response_started = True
-            if stream and message["type"] == "http.response.body":
-                admission.streamed(message.get("body", b""))
+            ctx.response_started = True
+            if ctx.stream and message["type"] == "http.response.body":
+                ctx.admission.streamed(message.get("body", b""))
             await send(message)
 
         self.metrics.in_flight.inc()
         try:
-            principal = self._principal(headers)
-            body = await _read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
-            parsed = parse_request(body, kind=kind, prefix_chars=self.config.routing.prefix_chars)
-            table = self.table
-            outcome.route = parsed.model
-            routes = await self._admit(table, principal, parsed, admission, response_headers)
-            stream = parsed.stream
-            strip_usage = parsed.stream and not parsed.client_wants_usage
-            if strip_usage:
-                # Usage lets the limiter settle the real token count; the client did not ask, so it is dropped.
-                parsed.payload["stream_options"] = {"include_usage": True}
-            session = headers.get(self.config.routing.session_header.encode())
-            user = parsed.payload.get("user")
-            sticky = session.decode(errors="replace") if session else (user if isinstance(user, str) else None)
-            attempts = self.picker.plan(
-                table, parsed.model, prefix=parsed.prefix if routes[0][1].affinity == "prefix" else None,
-                session=sticky, allowed=principal.may_use,
-            )
-            await self._forward_until_disconnect(
-                attempts, path, parsed.payload, parsed.stream, strip_usage, request_id, started,
-                response_headers, receive, send_tracked, outcome,
-            )
+            await self._serve(ctx, headers, receive, send_tracked)
         except GatewayError as err:
-            outcome.status = err.status
-            outcome.overhead_s = time.perf_counter() - started
-            await _send_all(send, err.status, err.body(), [_JSON, *response_headers, *err.headers], started)
-        except _ClientGone:
-            outcome.status = 499
+            ctx.outcome.status = err.status
+            ctx.outcome.overhead_s = time.perf_counter() - ctx.started
+            await send_all(send, err.status, err.body(), [_JSON, *ctx.response_headers, *err.headers], ctx.started)
+        except ClientGone:
+            ctx.outcome.status = 499
             self.metrics.client_disconnects.inc()
         except Exception:
             # Our own bug: log it with the request id, answer in the API's format rather than a bare 500.
-            log.exception("unexpected error in request %s", request_id.decode(errors="replace"))
-            outcome.status = 500
-            if not response_started:
+            log.exception("unexpected error in request %s", ctx.request_id.decode(errors="replace"))
+            ctx.outcome.status = 500
+            if not ctx.response_started:
                 body = GatewayError(500, "internal error in the gateway", code="internal_error").body()
-                await _send_all(send, 500, body, [_JSON, *response_headers], started)
+                await send_all(send, 500, body, [_JSON, *ctx.response_headers], ctx.started)
         finally:
             self.metrics.in_flight.dec()
-            await admission.settle(outcome.prompt_tokens, outcome.completion_tokens, outcome.status)
-            self._record(principal, outcome, request_id, started, client_id)
+            await ctx.admission.settle(ctx.outcome.prompt_tokens, ctx.outcome.completion_tokens, ctx.outcome.status)
+            record(ctx, self.metrics, self.config.access_log)
 
-    def _principal(self, headers: dict[bytes, bytes]) -> Principal:
-        authorization = headers.get(b"authorization")
-        principal = self.keys.authenticate(authorization.decode(errors="replace") if authorization else None)
-        if principal is None:
-            message = ("Missing API key: send it as 'Authorization: Bearer KEY'" if not authorization
-                       else "Incorrect API key provided")
-            raise GatewayError(401, message, code="invalid_api_key")
-        return principal
+    async def _serve(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send) -> None:
+        """Auth, body, parse, then admission; then pick and forward."""
+        ctx.principal = require_principal(self.keys, headers)
+        body = await read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
+        parsed = ctx.parsed = parse_request(body, kind=ctx.kind, prefix_chars=self.config.routing.prefix_chars)
+        table = self.table
+        ctx.outcome.route = parsed.model
+        routes = await self._admit(ctx, table)
+        ctx.strip_usage = parsed.stream and not parsed.client_wants_usage
+        if ctx.strip_usage:
+            # Usage lets the limiter settle the real token count; the client did not ask, so it is dropped.
+            parsed.payload["stream_options"] = {"include_usage": True}
+        session = headers.get(self.config.routing.session_header.encode())
+        user = parsed.payload.get("user")
+        sticky = session.decode(errors="replace") if session else (user if isinstance(user, str) else None)
+        attempts = self.picker.plan(
+            table, parsed.model, prefix=parsed.prefix if routes[0][1].affinity == "prefix" else None,
+            session=sticky, allowed=ctx.principal.may_use,
+        )
+        await self._forward_until_disconnect(ctx, attempts, receive, send)
 
-    async def _admit(
-        self, table: RoutingTable, principal: Principal, parsed: ParsedRequest, admission: Admission,
-        response_headers: list,
-    ) -> list[tuple[str, Route]]:
+    async def _admit(self, ctx: RequestContext, table: RoutingTable) -> list[tuple[str, Route]]:
         """The routes the request may take, once it is known to fit a backend's context and the tenant's limits."""
-        routes = self._routes(table, principal, parsed.model)
+        routes = self._routes(table, ctx)
         context = max_model_len(routes)
-        check_context(parsed, context)  # before any limit: a request that can never fit is not to be retried
-        reservation = reserve(parsed, context, self.config.default_max_tokens)
-        await admission.admit(principal, reservation, parsed.payload, response_headers)
+        check_context(ctx.parsed, context)  # before any limit: a request that can never fit is not to be retried
+        reservation = reserve(ctx.parsed, context, self.config.default_max_tokens)
+        await ctx.admission.admit(ctx.principal, reservation, ctx.parsed.payload, ctx.response_headers)
         return routes
 
-    def _routes(self, table: RoutingTable, principal: Principal, model: str) -> list[tuple[str, Route]]:
+    def _routes(self, table: RoutingTable, ctx: RequestContext) -> list[tuple[str, Route]]:
         """The routes that may serve this tenant's request. 403 comes before 404, so that whether a model
         exists is told only to keys that may use it."""
+        model, principal = ctx.parsed.model, ctx.principal
         if not principal.may_use(model):
             raise GatewayError(403, f"Your key may not use the model '{model}'", param="model",
                                code="model_not_allowed")
@@ -283,10 +263,7 @@ class GatewayApp:
                                param="model", code="model_not_allowed")
         raise GatewayError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
 
-    async def _forward_until_disconnect(
-        self, attempts: Any, path: str, payload: dict, stream: bool, strip_usage: bool, request_id: bytes,
-        started: float, response_headers: list, receive: Any, send: Any, outcome: Outcome,
-    ) -> None:
+    async def _forward_until_disconnect(self, ctx: RequestContext, attempts: Any, receive: Any, send: Send) -> None:
         """Forward, cancelling the upstream work as soon as the client disconnects (also before any byte)."""
         task = asyncio.current_task()
         client_left = False
@@ -295,141 +272,18 @@ class GatewayApp:
             nonlocal client_left
             while (await receive())["type"] != "http.disconnect":
                 pass
-            if not outcome.responded:
+            if not ctx.outcome.responded:
                 client_left = True
                 task.cancel()
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await self.upstream.forward(
-                attempts, self.config.routing.max_attempts, path, payload, stream=stream, strip_usage=strip_usage,
-                request_id=request_id.decode(errors="replace"), started=started,
-                response_headers=response_headers, send=send, outcome=outcome,
-            )
+            await self.forwarder.forward(ctx, attempts, self.config.routing.max_attempts, send)
         except asyncio.CancelledError:
             if not client_left:
                 raise
             task.uncancel()
-            outcome.status = 499
+            ctx.outcome.status = 499
             self.metrics.client_disconnects.inc()
         finally:
             watcher.cancel()
-
-    def _record(
-        self, principal: Principal | None, outcome: Outcome, request_id: bytes, started: float,
-        client_id: bytes | None = None,
-    ) -> None:
-        tenant = principal.tenant if principal else ""
-        self.metrics.requests.labels(outcome.route, outcome.backend, tenant, str(outcome.status)).inc()
-        self.metrics.overhead.observe(outcome.overhead_s)
-        if outcome.prompt_tokens is not None:
-            self.metrics.tokens.labels(tenant, "prompt").inc(outcome.prompt_tokens)
-            self.metrics.tokens.labels(tenant, "completion").inc(outcome.completion_tokens or 0)
-        if self.config.access_log and access_log.isEnabledFor(logging.INFO):
-            access_log.info(json.dumps({
-                "request_id": request_id.decode(errors="replace"),
-                "client_request_id": client_id.decode() if client_id else None,
-                "tenant": tenant,
-                "key_id": principal.key_id if principal else None,
-                "route": outcome.route,
-                "backend": outcome.backend,
-                "endpoint": outcome.endpoint,
-                "status": outcome.status,
-                "attempts": outcome.attempts,
-                "prompt_tokens": outcome.prompt_tokens,
-                "completion_tokens": outcome.completion_tokens,
-                "finish_reason": outcome.finish_reason,
-                "overhead_ms": round(outcome.overhead_s * 1000, 3),
-                "upstream_ms": _ms(outcome.upstream_s),
-                "ttft_ms": _ms(outcome.ttft_s),
-                "total_ms": round((time.perf_counter() - started) * 1000, 3),
-            }))
-
-    # -- plain endpoints ---------------------------------------------------------------------------------
-    def _models(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
-        principal = self._principal(headers)
-        names = [n for n in self.table.public_names() if principal.may_use(n)]
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "sluice"} for n in names]
-        return 200, json.dumps({"object": "list", "data": data}).encode(), b"application/json"
-
-    def _health(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
-        return 200, b'{"status":"ok"}', b"application/json"
-
-    def _readiness(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
-        reason = self.not_ready_reason()
-        if reason is not None:  # the details (paths, validation errors) are in the log, not on the API port
-            raise GatewayError(503, reason, code="not_ready")
-        body = {"status": "ready", "generation": self.table.generation, "routes": len(self.table.routes)}
-        return 200, json.dumps(body).encode(), b"application/json"
-
-    def _admin(self, headers: dict[bytes, bytes]) -> Principal:
-        principal = self._principal(headers)
-        if not principal.admin:
-            raise GatewayError(403, "this endpoint needs an admin key", code="admin_only")
-        return principal
-
-    def _admin_routes(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
-        self._admin(headers)
-        return 200, self.table.to_json().encode(), b"application/json"
-
-    def _admin_endpoints(self, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
-        self._admin(headers)
-        now = time.monotonic()
-        data = [
-            {"url": s.url, "available": s.available(now), "healthy": s.healthy, "waiting": s.waiting,
-             "running": s.running, "kv_cache_usage": s.kv_cache_usage, "in_flight": s.in_flight,
-             "ejected_for_s": round(max(s.ejected_until - now, 0.0), 3),
-             "polled_s_ago": round(now - s.polled_at, 3) if s.polled_at else None}
-            for s in self.picker.endpoints()
-        ]
-        return 200, json.dumps({"endpoints": data}).encode(), b"application/json"
-
-
-_GET_ROUTES = {
-    "/v1/models": GatewayApp._models,
-    "/health": GatewayApp._health,
-    "/ready": GatewayApp._readiness,
-    "/admin/routes": GatewayApp._admin_routes,
-    "/admin/endpoints": GatewayApp._admin_endpoints,
-}
-
-
-async def _read_body(receive: Any, headers: dict[bytes, bytes], limit: int, timeout_s: float) -> bytes:
-    """The whole body, within `timeout_s` (a client trickling it would hold a connection and its buffer)."""
-    too_large = GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes")
-    declared = headers.get(b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _receive_body(receive, limit, too_large)
-    except TimeoutError:
-        raise GatewayError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
-                           headers=[(b"connection", b"close")]) from None
-
-
-async def _receive_body(receive: Any, limit: int, too_large: GatewayError) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _send_all(send: Any, status: int, body: bytes, headers: list, started: float) -> None:
-    overhead = f"{(time.perf_counter() - started) * 1000:.3f}".encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        *headers, (b"content-length", str(len(body)).encode()), (b"x-sluice-overhead-ms", overhead),
-    ]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 3)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fnmatch import translate
 
 from .config import GatewayConfig, Limits
+from .errors import GatewayError
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +44,14 @@ class KeyStore:
         if scheme.lower() != "bearer" or not key:
             return None
         return self._by_digest.get(hashlib.sha256(key.encode()).hexdigest())
+
+
+def require_principal(keys: KeyStore, headers: dict[bytes, bytes]) -> Principal:
+    """The principal of a request's `Authorization` header, or 401 in the API's format."""
+    authorization = headers.get(b"authorization")
+    principal = keys.authenticate(authorization.decode(errors="replace") if authorization else None)
+    if principal is None:
+        message = ("Missing API key: send it as 'Authorization: Bearer KEY'" if not authorization
+                   else "Incorrect API key provided")
+        raise GatewayError(401, message, code="invalid_api_key")
+    return principal

@@ -8,7 +8,7 @@ import time
 
 from .metrics import GatewayMetrics
 from .picker import EndpointState, Picker
-from .upstream_client import ConnectionPool, UpstreamError
+from .connection_pool import ConnectionPool, UpstreamError
 
 log = logging.getLogger("sluice_gateway.load")
 _MAX_LOAD_BODY = 64 * 1024  # /load is a few hundred bytes; more is not a runtime's answer

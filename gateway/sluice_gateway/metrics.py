@@ -49,6 +49,10 @@ class GatewayMetrics:
             "sluice_gateway_client_disconnects", "Requests whose client left before the response ended.", registry=r
         )
         self.in_flight = Gauge("sluice_gateway_requests_in_flight", "Requests being proxied now.", registry=r)
+        self._declare_state(r)
+
+    def _declare_state(self, r: CollectorRegistry) -> None:
+        """What the gateway serves from: endpoints, files, readiness, the limiter's store."""
         self.endpoint_load = Gauge(
             "sluice_gateway_endpoint_load", "Endpoint load as last polled from its /load.",
             ["endpoint", "field"], registry=r,

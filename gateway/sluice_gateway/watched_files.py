@@ -15,12 +15,13 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from sluice_contracts.runtime_credential import CredentialFileError, header_value, read_credential_file
+from sluice_contracts.runtime_credential import CredentialFileError, read_credential_file
 
 from .config import ConfigError, GatewayConfig, load_config
 from .followed_file import FollowedFile
 from .metrics import GatewayMetrics
 from .routing_table import RoutingTable, RoutingTableError, load_routing_table
+from .upstream_credential import UpstreamCredential
 
 
 class WatchedFiles:
@@ -37,7 +38,7 @@ class WatchedFiles:
                                    rejected=metrics.config_rejections.inc)
         self.routes: FollowedFile[RoutingTable] | None = None
         self.credential: FollowedFile[str] | None = None
-        self.credential_header: str | None = None  # the `Authorization` value sent upstream, once one is read
+        self.upstream_credential = UpstreamCredential(recheck=self._recheck_credential)
 
     def _on_config(self, config: GatewayConfig) -> None:
         if not self.config.in_force:
@@ -49,12 +50,13 @@ class WatchedFiles:
             if config.upstream_credential_file is not None:
                 self.credential = FollowedFile(
                     "upstream credential", config.upstream_credential_file,
-                    lambda path: read_credential_file(path, "upstream credential file"), self._use_credential,
+                    lambda path: read_credential_file(path, "upstream credential file"), self.upstream_credential.use,
                     errors=(CredentialFileError,), without_it="upstream requests carry none")
         self._apply_config(config)
 
-    def _use_credential(self, credential: str) -> None:
-        self.credential_header = header_value(credential)
+    def _recheck_credential(self) -> None:
+        if self.credential is not None:
+            self.credential.check()
 
     def check(self) -> None:
         self.config.check()  # first: the first usable config says which other files to follow

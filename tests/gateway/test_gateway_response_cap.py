@@ -5,7 +5,8 @@ import httpx
 import pytest
 
 from fixtures.gateway import backend, gateway_config, key_entry, table
-from sluice_gateway.proxy import Outcome, _read_usage
+from sluice_gateway.request_context import Outcome
+from sluice_gateway.usage_scan import read_usage as _read_usage
 
 KEY = "sk-test-cap"
 HEADERS = {"authorization": f"Bearer {KEY}"}

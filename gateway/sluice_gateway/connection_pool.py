@@ -1,4 +1,4 @@
-"""A small keep-alive HTTP/1.1 client for talking to runtimes, built on asyncio protocols and httptools.
+"""The connection pool the gateway talks to runtimes through: keep-alive HTTP/1.1 on asyncio protocols and httptools.
 
 General-purpose clients cost several times more CPU per request than the rest of the gateway together
 (measured: ~150 µs vs ~20 µs per request on one core), and the gateway only ever needs one shape of

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from sluice_gateway.upstream_client import ConnectionPool, ResponseTooLarge, UpstreamError
+from sluice_gateway.connection_pool import ConnectionPool, ResponseTooLarge, UpstreamError
 
 
 class Server:

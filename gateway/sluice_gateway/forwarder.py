@@ -1,0 +1,169 @@
+"""Forwarding one request upstream: the picker's endpoints tried in order until one answers, whose response
+is then relayed to the client (relay.py).
+
+Retries happen only until an upstream has answered with headers; after that the response is the client's.
+A first-byte timeout is final: the wait already used the client's patience, and another endpoint would start
+the whole generation again.
+
+Upstreams get the runtime credential, never the client's key. A runtime that refuses it (401) gets the same
+request once more with the credential's other value, if it has one (upstream_credential.py: a rotation seen by
+one side and not yet by the other).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from itertools import islice
+
+from sluice_contracts import runtime_credential
+
+from .config import Timeouts
+from .connection_pool import ConnectionPool, UpstreamError, UpstreamResponse
+from .errors import GatewayError
+from .metrics import GatewayMetrics
+from .picker import Attempt, Picker
+from .relay import ResponseRelay, Send
+from .request_context import RequestContext
+from .upstream_credential import UpstreamCredential
+
+_RETRY_STATUSES = {500, 502, 503, 504}
+_MAX_ERROR_BODY = 64 * 1024  # of an upstream error, only the message is passed on
+
+
+class Forwarder:
+    def __init__(
+        self, timeouts: Timeouts, picker: Picker, metrics: GatewayMetrics, *, credential: UpstreamCredential,
+        max_response_bytes: int,
+    ) -> None:
+        self._timeouts = timeouts
+        self._picker = picker
+        self._metrics = metrics
+        self._credential = credential
+        self._relay = ResponseRelay(timeouts, metrics, max_response_bytes)
+        self.pool = ConnectionPool(timeouts.connect_s)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    async def forward(self, ctx: RequestContext, attempts: Iterator[Attempt], max_attempts: int, send: Send) -> None:
+        """Answer the request from the first endpoint that takes it; else raise the error the client gets."""
+        deadline = asyncio.get_running_loop().time() + self._timeouts.total_s
+        last_refusal: GatewayError | None = None
+        for attempt in islice(attempts, max_attempts):
+            attempt.endpoint.in_flight += 1
+            try:
+                answer = await self._try(ctx, attempt, deadline)
+                if isinstance(answer, GatewayError):
+                    last_refusal = answer
+                    continue
+                if answer is None:
+                    continue
+                resp, headers_at = answer
+                self._answered(ctx, attempt)
+                await self._relay.relay(ctx, resp, headers_at, deadline, send)
+                return
+            finally:
+                attempt.endpoint.in_flight -= 1
+        raise last_refusal or _nothing_answered(ctx.outcome.attempts)
+
+    async def _try(
+        self, ctx: RequestContext, attempt: Attempt, deadline: float,
+    ) -> tuple[UpstreamResponse, float] | GatewayError | None:
+        """One endpoint: its response and when its headers came; the error to answer if no other endpoint does;
+        or None when it could not be reached."""
+        outcome = ctx.outcome
+        outcome.attempts += 1
+        if outcome.attempts > 1:
+            self._metrics.retries.labels(attempt.route).inc()
+        outcome.route, outcome.backend, outcome.endpoint = attempt.route, attempt.backend.name, attempt.endpoint.url
+        ctx.parsed.payload["model"] = attempt.backend.served_model_name
+        body = json.dumps(ctx.parsed.payload, separators=(",", ":")).encode()
+        if outcome.attempts == 1:
+            outcome.overhead_s = time.perf_counter() - ctx.started
+        sent_at = time.perf_counter()
+        credential = self._credential.header
+        resp = await self._send(ctx, attempt, body, credential, deadline)
+        if resp is not None and resp.status == 401 and (other := self._credential.after_refusal(credential)):
+            resp.close()  # a rotation one side has seen and the other not yet: the same endpoint, the other one
+            sent_at = time.perf_counter()
+            resp = await self._send(ctx, attempt, body, other, deadline)
+        if resp is None:
+            return None
+        headers_at = time.perf_counter()
+        outcome.upstream_s = headers_at - sent_at
+        return await self._refusal(resp, attempt, deadline) or (resp, headers_at)
+
+    async def _send(
+        self, ctx: RequestContext, attempt: Attempt, body: bytes, credential: str | None, deadline: float,
+    ) -> UpstreamResponse | None:
+        """The response once its headers are in; None if the endpoint could not be reached or answered garbage."""
+        headers = {"content-type": "application/json", "x-request-id": ctx.request_id.decode(errors="replace")}
+        if credential is not None:
+            headers[runtime_credential.HEADER] = credential
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(min(loop.time() + self._timeouts.first_byte_s, deadline)):
+                return await self.pool.request("POST", attempt.endpoint.url, ctx.path, body, headers)
+        except UpstreamError as exc:
+            self._failed(attempt, "connect" if exc.connect else "protocol")
+            return None
+        except TimeoutError:
+            self._failed(attempt, "first_byte_timeout")
+            raise GatewayError(504, "the model did not answer in time", code="upstream_timeout") from None
+
+    async def _refusal(self, resp: UpstreamResponse, attempt: Attempt, deadline: float) -> GatewayError | None:
+        """The error to answer if no other endpoint does, when this one refused the request (None: it answered)."""
+        if resp.status == 401:
+            # The runtime refused the gateway's credential (a wrong Secret, or a rotation the gateway has not
+            # seen yet). The client's key is not at fault, so the client must not see the runtime's 401.
+            resp.close()
+            self._metrics.upstream_errors.labels(attempt.backend.name, "unauthorized").inc()
+            return GatewayError(502, "the model server refused the gateway's runtime credential",
+                                code="upstream_unauthorized")
+        if resp.status not in _RETRY_STATUSES:
+            return None
+        try:
+            async with asyncio.timeout_at(deadline):
+                error_body = await resp.read(_MAX_ERROR_BODY)
+        except (UpstreamError, TimeoutError):
+            error_body = b""
+        finally:
+            resp.release()
+        if resp.status == 503:
+            self._metrics.upstream_errors.labels(attempt.backend.name, "overloaded").inc()
+        else:
+            self._failed(attempt, f"status_{resp.status}")
+        retry_after = resp.headers.get("retry-after", "")
+        return GatewayError(
+            resp.status, _upstream_message(error_body, resp.status), code="upstream_error",
+            headers=[(b"retry-after", retry_after.encode())] if retry_after else [],
+        )
+
+    def _answered(self, ctx: RequestContext, attempt: Attempt) -> None:
+        self._picker.report_success(attempt.endpoint)
+        self._metrics.upstream_latency.labels(attempt.route, attempt.backend.name).observe(ctx.outcome.upstream_s)
+        ctx.response_headers.append((b"x-sluice-backend", attempt.backend.name.encode()))
+
+    def _failed(self, attempt: Attempt, kind: str) -> None:
+        self._picker.report_failure(attempt.endpoint)
+        self._metrics.upstream_errors.labels(attempt.backend.name, kind).inc()
+
+
+def _nothing_answered(attempts: int) -> GatewayError:
+    if attempts == 0:
+        return GatewayError(503, "no endpoint can serve this model right now", code="no_ready_endpoint",
+                            headers=[(b"retry-after", b"5")])
+    return GatewayError(503, "no endpoint of this model could be reached; try again shortly",
+                        code="upstream_unreachable", headers=[(b"retry-after", b"1")])
+
+
+def _upstream_message(body: bytes, status: int) -> str:
+    try:
+        message = json.loads(body)["error"]["message"]
+        if isinstance(message, str):
+            return message
+    except (ValueError, KeyError, TypeError):
+        pass
+    return f"the model server answered {status}"

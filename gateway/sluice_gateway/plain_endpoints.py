@@ -1,0 +1,70 @@
+"""The endpoints the gateway answers itself: models, health, readiness and the admin views. Each takes the
+app and the request headers and returns (status, body, content type), or raises GatewayError."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .auth import Principal, require_principal
+from .errors import GatewayError
+
+if TYPE_CHECKING:
+    from .app import GatewayApp
+
+Answer = tuple[int, bytes, bytes]
+_JSON = b"application/json"
+
+
+def models(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:
+    principal = require_principal(app.keys, headers)
+    names = [n for n in app.table.public_names() if principal.may_use(n)]
+    data = [{"id": n, "object": "model", "created": 0, "owned_by": "sluice"} for n in names]
+    return 200, json.dumps({"object": "list", "data": data}).encode(), _JSON
+
+
+def health(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:
+    return 200, b'{"status":"ok"}', _JSON
+
+
+def readiness(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:
+    reason = app.not_ready_reason()
+    if reason is not None:  # the details (paths, validation errors) are in the log, not on the API port
+        raise GatewayError(503, reason, code="not_ready")
+    body = {"status": "ready", "generation": app.table.generation, "routes": len(app.table.routes)}
+    return 200, json.dumps(body).encode(), _JSON
+
+
+def admin_routes(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:
+    _admin(app, headers)
+    return 200, app.table.to_json().encode(), _JSON
+
+
+def admin_endpoints(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:
+    _admin(app, headers)
+    now = time.monotonic()
+    data = [
+        {"url": s.url, "available": s.available(now), "healthy": s.healthy, "waiting": s.waiting,
+         "running": s.running, "kv_cache_usage": s.kv_cache_usage, "in_flight": s.in_flight,
+         "ejected_for_s": round(max(s.ejected_until - now, 0.0), 3),
+         "polled_s_ago": round(now - s.polled_at, 3) if s.polled_at else None}
+        for s in app.picker.endpoints()
+    ]
+    return 200, json.dumps({"endpoints": data}).encode(), _JSON
+
+
+def _admin(app: GatewayApp, headers: dict[bytes, bytes]) -> Principal:
+    principal = require_principal(app.keys, headers)
+    if not principal.admin:
+        raise GatewayError(403, "this endpoint needs an admin key", code="admin_only")
+    return principal
+
+
+GET_ROUTES: dict[str, Callable[[GatewayApp, dict[bytes, bytes]], Answer]] = {
+    "/v1/models": models,
+    "/health": health,
+    "/ready": readiness,
+    "/admin/routes": admin_routes,
+    "/admin/endpoints": admin_endpoints,
+}

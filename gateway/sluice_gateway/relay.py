@@ -1,0 +1,126 @@
+"""Sending an upstream's answer to the client: whole (a non-streaming body, held and capped) or as a stream
+(event by event as it arrives, under the idle and total deadlines).
+
+Once the response headers are out the status cannot change: a stream cut short by the upstream ends with an
+error event in the stream's own format. A response not read to its end closes its upstream connection (never
+reused), so the runtime sees the disconnect and aborts the request.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .config import Timeouts
+from .connection_pool import ResponseTooLarge, UpstreamError, UpstreamResponse
+from .errors import GatewayError
+from .metrics import GatewayMetrics
+from .request_context import RequestContext
+from .usage_scan import inspect_events, read_usage
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_MAX_PENDING = 1024 * 1024  # bytes of an unfinished event held back, at most
+
+
+class ResponseRelay:
+    def __init__(self, timeouts: Timeouts, metrics: GatewayMetrics, max_response_bytes: int) -> None:
+        self._timeouts = timeouts
+        self._metrics = metrics
+        self._max_response_bytes = max_response_bytes
+
+    async def relay(
+        self, ctx: RequestContext, resp: UpstreamResponse, headers_at: float, deadline: float, send: Send,
+    ) -> None:
+        """Pass `resp` (its headers arrived at `headers_at`) to the client by the loop-time `deadline`."""
+        ctx.outcome.status = resp.status
+        try:
+            if ctx.stream and resp.content_type == "text/event-stream":
+                await self._stream(ctx, resp, headers_at, deadline, send)
+            else:
+                await self._whole(ctx, resp, deadline, send)
+        except (UpstreamError, TimeoutError) as exc:
+            await self._cut_short(ctx, exc, send)
+        finally:
+            resp.release()  # back to the pool if read to its end, else closed
+
+    async def _whole(self, ctx: RequestContext, resp: UpstreamResponse, deadline: float, send: Send) -> None:
+        data = await self._read_whole(ctx, resp, deadline)
+        await send({"type": "http.response.start", "status": resp.status, "headers": [
+            *_content_headers(resp), (b"content-length", str(len(data)).encode()), *ctx.response_headers,
+            _overhead_header(ctx),
+        ]})
+        ctx.outcome.responded = True
+        await send({"type": "http.response.body", "body": data})
+        if resp.status == 200:  # after sending: accounting is off the client's critical path
+            read_usage(data, ctx.outcome)
+
+    async def _stream(
+        self, ctx: RequestContext, resp: UpstreamResponse, headers_at: float, deadline: float, send: Send,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        ctx.outcome.overhead_s += time.perf_counter() - headers_at
+        await send({"type": "http.response.start", "status": resp.status, "headers": [
+            *_content_headers(resp), (b"cache-control", b"no-cache"), *ctx.response_headers, _overhead_header(ctx),
+        ]})
+        pending = b""
+        idle = self._timeouts.idle_s
+        async with asyncio.timeout_at(min(loop.time() + idle, deadline)) as silence:
+            async for chunk in resp.iter_chunks():
+                silence.reschedule(min(loop.time() + idle, deadline))
+                pending += chunk
+                if resp.finished:
+                    break  # the rest goes out with the end of the response, in one write
+                cut = pending.rfind(b"\n\n")
+                if cut < 0:
+                    if len(pending) > _MAX_PENDING:  # not SSE as we know it: pass it on rather than hoard it
+                        await send({"type": "http.response.body", "body": pending, "more_body": True})
+                        pending = b""
+                    continue
+                events, pending = pending[: cut + 2], pending[cut + 2 :]
+                if events := self._events(ctx, events):
+                    await send({"type": "http.response.body", "body": events, "more_body": True})
+        ctx.outcome.responded = True
+        await send({"type": "http.response.body", "body": self._events(ctx, pending)})
+
+    async def _cut_short(self, ctx: RequestContext, exc: Exception, send: Send) -> None:
+        """Headers are out: say what happened in the stream's own format."""
+        reason = "timed out" if isinstance(exc, TimeoutError) else "closed the connection"
+        self._metrics.upstream_errors.labels(ctx.outcome.backend, "mid_stream").inc()
+        ctx.outcome.finish_reason = "upstream_error"
+        error = json.dumps({"error": {"message": f"the model server {reason} mid-response",
+                                      "type": "upstream_error", "param": None, "code": None}})
+        ctx.outcome.responded = True
+        await send({"type": "http.response.body", "body": f"data: {error}\n\n".encode()})
+
+    def _events(self, ctx: RequestContext, events: bytes) -> bytes:
+        outcome = ctx.outcome
+        if events and outcome.ttft_s is None:
+            outcome.ttft_s = time.perf_counter() - ctx.started
+            self._metrics.ttft.labels(outcome.route, outcome.backend).observe(outcome.ttft_s)
+        return inspect_events(events, ctx.strip_usage, outcome)
+
+    async def _read_whole(self, ctx: RequestContext, resp: UpstreamResponse, deadline: float) -> bytes:
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await resp.read(self._max_response_bytes)
+        except ResponseTooLarge:
+            self._metrics.upstream_errors.labels(ctx.outcome.backend, "response_too_large").inc()
+            raise GatewayError(
+                502, f"the model's response is larger than the gateway's limit of {self._max_response_bytes} "
+                "bytes; ask for fewer tokens, choices or logprobs, or stream it", code="upstream_response_too_large",
+            ) from None
+        except TimeoutError:
+            raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
+        except UpstreamError:
+            raise GatewayError(502, "the model server closed the connection mid-response") from None
+
+
+def _content_headers(resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
+
+
+def _overhead_header(ctx: RequestContext) -> tuple[bytes, bytes]:
+    return (b"x-sluice-overhead-ms", f"{ctx.outcome.overhead_s * 1000:.3f}".encode())

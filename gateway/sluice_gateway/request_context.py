@@ -1,0 +1,54 @@
+"""One proxied request as it passes through the gateway: who sent it, what it asks for, its hold on the
+tenant's limits, and what happened to it. Built when the request arrives and handed whole to each step
+(admission, picking, forwarding, the response, the access log), so no step takes a dozen loose arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .admission import Admission
+from .auth import Principal
+from .request import ParsedRequest
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one request; feeds the metrics and the access log."""
+
+    route: str = ""
+    backend: str = ""
+    endpoint: str = ""
+    status: int = 0
+    attempts: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    overhead_s: float = 0.0  # the gateway's own time: until the request went upstream, and on the way back
+    upstream_s: float | None = None  # until the upstream's response headers
+    ttft_s: float | None = None
+    responded: bool = False  # the final body chunk was handed to the server
+
+
+@dataclass(slots=True)
+class RequestContext:
+    kind: str  # "chat", "completion" or "embedding"
+    path: str
+    request_id: bytes  # the gateway's own, unique per request; sent upstream
+    client_id: bytes | None  # the client's x-request-id when plain enough to echo and log
+    started: float  # time.perf_counter() when the request arrived
+    admission: Admission
+    principal: Principal | None = None
+    parsed: ParsedRequest | None = None
+    # The client did not ask for usage on a stream, but the limiter needs it: asked for, then dropped on the way back.
+    strip_usage: bool = False
+    response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    response_started: bool = False
+    outcome: Outcome = field(default_factory=Outcome)
+
+    @property
+    def stream(self) -> bool:
+        return self.parsed is not None and self.parsed.stream
+
+    @property
+    def tenant(self) -> str:
+        return self.principal.tenant if self.principal else ""
