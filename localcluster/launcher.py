@@ -88,6 +88,9 @@ class Launcher:
             runner.stop()
         for runner in started:
             runner.join(timeout=MAX_GRACE_SECONDS + 5)
+            if runner.is_alive():  # a deleted pod still draining within its own, longer grace period
+                runner.kill()
+                runner.join(timeout=5)
         for runner in running:
             self._release(runner.pod)
 

@@ -291,3 +291,23 @@ def test_a_pod_given_a_new_address_gets_its_process_started_again_on_it(kube_clu
     second = wait_for(lambda: _get(f"http://{new_ip}:{PORT}/"), timeout=30, what="the process on the new address")
     assert second["bound_to"] == new_ip and second["pid"] != first["pid"] and not _alive(first["pid"])
     assert any(reason == "SandboxChanged" for reason, _ in _events(kube_cluster, kube_namespace, pod["metadata"]["name"]))
+
+
+def test_a_deleted_pod_gets_its_whole_grace_period_past_thirty_seconds(kube_cluster, kube_namespace, launcher, tmp_path):
+    """A runtime drains its streams for the pod's grace period; the launcher once cut every pod at 30 s."""
+    done = tmp_path / "drained"
+    # Ignores SIGTERM as a draining server does, and finishes its work 33 s after it.
+    script = ("import signal, sys, time, pathlib\n"
+              "def drain(*_):\n"
+              "    time.sleep(33); pathlib.Path(sys.argv[1]).write_text('done'); sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, drain)\n"
+              "while True: time.sleep(1)\n")
+    pod = yaml.safe_load(_bare_pod("draining", _container("main", ["python"], ["-c", script, str(done)])))
+    pod["spec"]["terminationGracePeriodSeconds"] = 45
+    kube_cluster.kubectl("apply", "-n", kube_namespace, "-f", "-", input=yaml.safe_dump(pod))
+    wait_for(lambda: any(c.get("state", {}).get("running") for p in _pods(kube_cluster, kube_namespace,
+                                                                        "sluice.dev/launch=true")
+                         for c in p["status"].get("containerStatuses", [])), what="the process to run")
+    kube_cluster.kubectl("delete", "pod", "draining", "-n", kube_namespace, "--wait=false")
+    kube_cluster.kubectl("wait", "-n", kube_namespace, "--for=delete", "pod/draining", "--timeout=60s")
+    assert done.is_file(), "the process was killed before its grace period ended"
