@@ -189,7 +189,8 @@ class Engine:
         plan = self.scheduler.schedule()
         self.steps += 1
         self.last_decode_step = cpu_step(len(plan.decodes), sum(s.attention_pairs for s in plan.decodes))
-        self.clock.now += cpu_step(plan.num_tokens, sum(s.attention_pairs for s in plan.scheduled))
+        tokens = sum(s.num_tokens for s in plan.scheduled)
+        self.clock.now += cpu_step(tokens, sum(s.attention_pairs for s in plan.scheduled))
         sampled = [s.seq for s in plan.scheduled if s.samples]
         self.scheduler.on_step_done(plan)
         for seq in sampled:

@@ -94,10 +94,9 @@ class BlockManager:
             parent = h
         return matched
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, reserve: int = 0) -> bool:
-        """Whether `seq` can grow by `num_new_tokens` computed tokens, keeping `reserve` blocks free."""
-        needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return needed + reserve <= len(self.free)
+    def allocatable_tokens(self, seq: Sequence, reserve: int = 0) -> int:
+        """How many more tokens `seq` can compute with its blocks and the free ones, keeping `reserve` free."""
+        return (len(seq.block_table) + len(self.free) - reserve) * self.block_size - seq.num_computed_tokens
 
     def allocate_prompt_start(self, seq: Sequence) -> None:
         """First scheduling of a sequence: reuse cached prefix blocks and account the query."""
@@ -151,12 +150,6 @@ class BlockManager:
                 block.token_ids, block.parent_hash = tokens, parent
                 self.cached.setdefault(block.block_hash, block.block_id)
             parent = block.block_hash
-
-    def reset_prefix_cache(self) -> None:
-        self.cached.clear()
-        for block in self.blocks:
-            if block.ref_count == 0:
-                block.block_hash, block.token_ids, block.parent_hash = None, (), None
 
     def check_invariants(self) -> None:
         """Used by tests: reference counts equal the sequences holding each block."""

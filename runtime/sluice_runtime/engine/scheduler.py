@@ -53,10 +53,6 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.decodes and not self.prefills
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.decodes) + sum(s.num_tokens for s in self.prefills)
-
 
 def _order(seq: Sequence) -> tuple[int, int, int]:
     return (*seq.group.sort_key(), seq.index)
@@ -176,7 +172,7 @@ class Scheduler:
         if waiting:
             self.blocks.allocate_prompt_start(seq)
         chunk = min(allowance.chunk(seq.num_computed_tokens, seq.num_uncomputed),
-                    self._allocatable_tokens(seq, reserve=self.watermark if waiting else 0))
+                    self.blocks.allocatable_tokens(seq, reserve=self.watermark if waiting else 0))
         if chunk <= 0:
             if waiting:
                 self.blocks.free_sequence(seq)
@@ -190,14 +186,9 @@ class Scheduler:
         self.blocks.allocate(seq, chunk)
         return chunk
 
-    def _allocatable_tokens(self, seq: Sequence, reserve: int) -> int:
-        """How many more tokens `seq` can compute with the free blocks (keeping `reserve` free)."""
-        capacity = (len(seq.block_table) + self.blocks.num_free_blocks - reserve) * self.blocks.block_size
-        return capacity - seq.num_computed_tokens
-
     def _make_room(self, seq: Sequence, num_tokens: int, scheduled: set[int]) -> bool:
         """Preempt lower-ranked running sequences until `seq` can grow; False if it cannot run now."""
-        while not self.blocks.can_allocate(seq, num_tokens):
+        while self.blocks.allocatable_tokens(seq) < num_tokens:
             victim = self._pick_victim(scheduled)
             if victim is None:
                 return False
@@ -220,8 +211,9 @@ class Scheduler:
     def on_step_done(self, out: SchedulerOutput) -> None:
         """Time the step for the step budget, advance progress and start the forks of prompts that
         just finished prefilling."""
+        tokens = sum(item.num_tokens for item in out.scheduled)
         pairs = sum(item.attention_pairs for item in out.scheduled)
-        self.step_budget.model.observe(out.num_tokens, pairs, self.clock() - self._step_started)
+        self.step_budget.model.observe(tokens, pairs, self.clock() - self._step_started)
         self.prefill_work += sum(item.num_tokens for item in out.prefills)
         for item in out.scheduled:
             seq = item.seq

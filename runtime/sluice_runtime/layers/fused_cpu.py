@@ -1,8 +1,8 @@
-"""bfloat16 RMSNorm (with the residual add) and rotary embedding on the CPU, each one native pass
-(fused_cpu.cpp) instead of several torch kernels.
+"""RMSNorm (with the residual add) and rotary embedding on the CPU, each one native pass
+(fused_cpu.cpp) instead of several torch kernels, for float32 and bfloat16 CPU tensors.
 
-Only for bfloat16 CPU tensors: float32 stays on the torch code, which reproduces transformers'
-arithmetic operation for operation, so greedy outputs match it token for token; GPUs keep torch
+float32 keeps torch's arithmetic operation for operation (only the order of the norm's sum of
+squares differs), so greedy outputs still match transformers token for token; GPUs keep torch
 (and CUDA graphs capture it).
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .. import native_build
 SOURCE = Path(__file__).with_name("fused_cpu.cpp")
 # The norm keeps one float32 row on the stack.
 MAX_HIDDEN = 16384
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 _pointer = ctypes.c_void_p
 
@@ -26,11 +27,11 @@ def _library() -> ctypes.CDLL | None:
 
 
 def applies(dtype: torch.dtype, device: torch.device) -> bool:
-    return dtype == torch.bfloat16 and device.type == "cpu" and _library() is not None
+    return dtype in _SUFFIX and device.type == "cpu" and _library() is not None
 
 
 def norm_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Rows of a 2-D bfloat16 CPU tensor, with a bfloat16 weight, that fit the kernel's row buffer."""
+    """Rows of a 2-D CPU tensor, with a weight of its dtype, that fit the kernel's row buffer."""
     return (applies(x.dtype, x.device) and weight.dtype == x.dtype and x.dim() == 2
             and x.shape[-1] <= MAX_HIDDEN)
 
@@ -39,7 +40,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     """weight * norm(x), or with a residual: residual += x in place, then weight * norm(residual)."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    _library().sluice_rms_norm_bf16(
+    getattr(_library(), f"sluice_rms_norm_{_SUFFIX[x.dtype]}")(
         _pointer(x.data_ptr()), _pointer(residual.data_ptr() if residual is not None else None),
         _pointer(weight.data_ptr()), _pointer(out.data_ptr()), ctypes.c_long(x.shape[0]),
         ctypes.c_int(x.shape[1]), ctypes.c_float(eps))
@@ -50,7 +51,7 @@ def rotary_(x: torch.Tensor, heads: int, head_dim: int, positions: torch.Tensor,
             sin: torch.Tensor) -> None:
     """Rotates x [T, heads, head_dim] in place (any row stride, heads contiguous within a row);
     positions int64 [T]; cos and sin the float32 [max_positions, head_dim] tables."""
-    _library().sluice_rotary_bf16(
+    getattr(_library(), f"sluice_rotary_{_SUFFIX[x.dtype]}")(
         _pointer(x.data_ptr()), ctypes.c_long(x.shape[0]), ctypes.c_long(x.stride(0)), ctypes.c_int(heads),
         ctypes.c_int(head_dim), _pointer(positions.data_ptr()), _pointer(cos.data_ptr()),
         _pointer(sin.data_ptr()))
