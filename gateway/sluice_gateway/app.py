@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from sluice_contracts.routing_table import Route, RoutingTable
+
 from .access_record import record
 from .admission import Admission
 from .auth import KeyStore, require_principal
@@ -33,7 +35,7 @@ from .picker import Picker
 from .plain_endpoints import GET_ROUTES
 from .request import parse_request
 from .request_context import RequestContext
-from .routing_table import Route, RoutingTable, max_model_len
+from .routing_table import max_model_len, reachable
 from .watched_files import WatchedFiles
 
 log = logging.getLogger("sluice_gateway")
@@ -255,7 +257,7 @@ class GatewayApp:
         if not principal.may_use(model):
             raise GatewayError(403, f"Your key may not use the model '{model}'", param="model",
                                code="model_not_allowed")
-        routes = table.reachable(model, principal.may_use)
+        routes = reachable(table, model, principal.may_use)
         if routes:
             return routes
         if table.route(model) is not None:  # it exists, but only behind backends that are models the key may not use

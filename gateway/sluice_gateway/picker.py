@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from sluice_contracts.routing_table import Backend, Route, RoutingTable
+
 from .config import Routing
-from .routing_table import Backend, Route, RoutingTable
+from .routing_table import reachable
 
 _VNODES = 64
 
@@ -117,7 +119,7 @@ class Picker:
 
         Lazy, so each retry sees the health reported by the attempt before it.
         """
-        for name, route in table.reachable(route_name, allowed):
+        for name, route in reachable(table, route_name, allowed):
             for backend in self._backend_order(route, session):
                 for endpoint in self._endpoint_order(backend, route, prefix, session):
                     yield Attempt(name, backend, endpoint)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from sluice_gateway.routing_table import Backend, Capabilities, Route, RoutingTable
+from sluice_contracts.routing_table import Backend, Capabilities, Route, RoutingTable
 
 from .crd import InferenceModelSpec, ModelRouteSpec
 

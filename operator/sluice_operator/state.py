@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice_gateway.routing_table import RoutingTable
+from sluice_contracts.routing_table import RoutingTable
 
 from .autoscaler import History
 from .builders import Release

@@ -2,9 +2,9 @@
 import collections
 import time
 
+from sluice_contracts.routing_table import RoutingTable
 from sluice_gateway.config import Routing
 from sluice_gateway.picker import Picker
-from sluice_gateway.routing_table import RoutingTable
 
 EPS = [f"http://127.0.0.1:{9000 + i}" for i in range(4)]
 

@@ -1,8 +1,9 @@
 """The routes file may be missing: the gateway starts with no routes and follows the file when it appears."""
 import json
 
+from sluice_contracts.routing_table import RoutingTable, RoutingTableError
 from sluice_gateway.followed_file import FollowedFile
-from sluice_gateway.routing_table import RoutingTable, RoutingTableError, load_routing_table
+from sluice_gateway.routing_table import load_routing_table
 
 TABLE = {"version": 1, "generation": 4, "routes": {"chat": {"backends": [
     {"name": "m", "servedModelName": "m", "weight": 1, "endpoints": ["http://127.0.0.1:1"]}]}}}

@@ -6,7 +6,7 @@ from typing import Any
 
 import kopf
 from pydantic import ValidationError
-from sluice_gateway.routing_table import RoutingTable, RoutingTableError, parse_routing_table
+from sluice_contracts.routing_table import RoutingTable, RoutingTableError, parse_routing_table
 
 from ..builders import ROUTING_TABLE, ROUTING_TABLE_KEY, build_routing_table
 from ..crd import LABEL_MODEL, Condition, InferenceModel, InferenceModelSpec, ModelRoute, ModelRouteSpec
