@@ -1,10 +1,12 @@
-"""Active health checks: poll every endpoint's `/load` on a short interval with a bounded timeout."""
+"""Active health checks: poll every endpoint's `/load` (sluice_contracts.load_report) on a short interval with a
+bounded timeout; an endpoint whose answer is not a load report is taken out of rotation until it is one again."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+
+from sluice_contracts.load_report import LoadReport
 
 from .metrics import GatewayMetrics
 from .picker import EndpointState, Picker
@@ -43,11 +45,8 @@ class LoadPoller:
                 body = await response.read(_MAX_LOAD_BODY)
             if response.status != 200:
                 raise ValueError(f"/load answered {response.status}")
-            data = json.loads(body)
-            endpoint.waiting = int(data.get("waiting", 0))
-            endpoint.running = int(data.get("running", 0))
-            endpoint.kv_cache_usage = float(data.get("kv_cache_usage", 0.0))
-        except (UpstreamError, TimeoutError, ValueError, TypeError, AttributeError) as exc:
+            report = LoadReport.model_validate_json(body)
+        except (UpstreamError, TimeoutError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
             if response is not None:
                 response.close()
             if endpoint.healthy:
@@ -56,6 +55,7 @@ class LoadPoller:
             self._metrics.endpoint_up.labels(endpoint.url).set(0)
             return
         response.release()
+        endpoint.waiting, endpoint.running, endpoint.kv_cache_usage = report.waiting, report.running, report.kv_cache_usage
         if not endpoint.healthy:
             log.info("endpoint %s is healthy again", endpoint.url)
         endpoint.healthy = True
