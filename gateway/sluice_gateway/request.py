@@ -19,6 +19,7 @@ from typing import Any
 
 import pydantic_core
 
+from sluice_contracts.json_depth import MAX_JSON_DEPTH
 from sluice_contracts.request_cost import InvalidCostField, RequestCost, read_request_cost
 
 from .errors import GatewayError
@@ -70,17 +71,35 @@ def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest
     return ParsedRequest(payload, model, stream, client_wants_usage, cost, tuple(prompts), prompt_param, prefix)
 
 
+_TOO_DEEP = f"it is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays and objects)"
+
+
 def _json_object(body: bytes) -> dict[str, Any]:
     # pydantic-core's parser stops at 200 levels of nesting with a ValueError, where the standard library's
-    # would recurse until RecursionError; nothing in the OpenAI API nests anywhere near that deep.
+    # would recurse until RecursionError; the runtime's limit (the contract's) is checked after it.
     try:
         payload = pydantic_core.from_json(body, allow_inf_nan=False)
     except ValueError as exc:
-        reason = "it is nested too deeply" if "recursion limit" in str(exc) else str(exc)
+        reason = _TOO_DEEP if "recursion limit" in str(exc) else str(exc)
         raise GatewayError(400, f"request body is not valid JSON: {reason}", code="invalid_json") from None
     if not isinstance(payload, dict):
         raise GatewayError(400, "request body must be a JSON object", code="invalid_json")
+    # A body with fewer brackets than the limit cannot nest past it, and is not walked.
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and _nesting_exceeds(payload, MAX_JSON_DEPTH):
+        raise GatewayError(400, f"request body is not valid JSON: {_TOO_DEEP}", code="invalid_json")
     return payload
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels deep (the top one the first); no recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _text_size(text: str, framing: int = 0) -> PromptSize:

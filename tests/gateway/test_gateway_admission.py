@@ -143,7 +143,7 @@ def test_each_request_gets_its_own_id_and_the_clients_is_only_echoed_and_logged(
     assert "x" * 200 not in gateway.log_text()
 
 
-@pytest.mark.parametrize("depth", [250, 100_000])
+@pytest.mark.parametrize("depth", [64, 250, 100_000])  # within the top-level object: 65 levels and more
 def test_deeply_nested_bodies_are_400_not_500(gateway, depth):
     nested = b"[" * depth + b"]" * depth
     body = b'{"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "metadata": ' + nested + b"}"

@@ -98,3 +98,21 @@ def test_malformed_requests_are_400_naming_the_field(body, param):
     with pytest.raises(GatewayError) as err:
         parse_request(body, kind="chat", prefix_chars=64)
     assert err.value.status == 400 and err.value.param == param
+
+
+def test_nesting_is_bounded_by_the_runtimes_limit_not_by_the_bracket_count():
+    from sluice_contracts.json_depth import MAX_JSON_DEPTH
+
+    def nested(levels: int) -> str:
+        return "[" * levels + "]" * levels
+
+    def body(metadata: str) -> bytes:  # the top-level object is the first level
+        return ('{"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": ' + metadata + "}").encode()
+
+    parse_request(body(nested(MAX_JSON_DEPTH - 1)), kind="chat", prefix_chars=64)
+    # Many brackets side by side are no deeper than one of them.
+    parse_request(body("[" + ", ".join([nested(2)] * 10_000) + "]"), kind="chat", prefix_chars=64)
+    with pytest.raises(GatewayError) as refused:
+        parse_request(body(nested(MAX_JSON_DEPTH)), kind="chat", prefix_chars=64)
+    assert refused.value.status == 400 and refused.value.code == "invalid_json"
+    assert f"more than {MAX_JSON_DEPTH} levels" in refused.value.message
