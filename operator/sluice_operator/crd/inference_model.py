@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from sluice_contracts import runtime_flags
 from sluice_contracts.runtime_flags import BLOCK_SIZES, DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
 
@@ -33,6 +33,13 @@ MSG_NAME = (
     "InferenceModel names must be at most 63 lowercase letters, digits or '-', starting with a letter, "
     "since the Service of the model takes the same name"
 )
+
+
+# Fields whose values the runtime takes from a fixed list, with its own message for any other.
+_RUNTIME_CHOICES = {
+    "dtype": (DTYPES, runtime_flags.dtype_message),
+    "block_size": (BLOCK_SIZES, runtime_flags.block_size_message),
+}
 
 
 @dataclass(frozen=True)
@@ -139,18 +146,12 @@ class RuntimeSpec(SpecModel):
         },
     )
 
-    @field_validator("dtype")
+    @field_validator(*_RUNTIME_CHOICES)
     @classmethod
-    def _known_dtype(cls, value: str) -> str:
-        if value not in DTYPES:
-            raise ValueError(runtime_flags.dtype_message(value))
-        return value
-
-    @field_validator("block_size")
-    @classmethod
-    def _power_of_two(cls, value: int) -> int:
-        if value not in BLOCK_SIZES:
-            raise ValueError(runtime_flags.block_size_message(value))
+    def _a_value_the_runtime_takes(cls, value: object, info: ValidationInfo) -> object:
+        choices, message = _RUNTIME_CHOICES[info.field_name]
+        if value not in choices:
+            raise ValueError(message(value))
         return value
 
     @field_validator("args")
