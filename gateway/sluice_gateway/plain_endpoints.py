@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .auth import Principal, require_principal
 from .errors import GatewayError
+from .routing_table import reachable
 
 if TYPE_CHECKING:
     from .app import GatewayApp
@@ -19,7 +20,8 @@ _JSON = b"application/json"
 
 def models(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:
     principal = require_principal(app.keys, headers)
-    names = [n for n in app.table.public_names() if principal.may_use(n)]
+    # A name the key may use but whose every backend is a model it may not use is not listed (it would be 403).
+    names = [n for n in app.table.public_names() if principal.may_use(n) and reachable(app.table, n, principal.may_use)]
     data = [{"id": n, "object": "model", "created": 0, "owned_by": "sluice"} for n in names]
     return 200, json.dumps({"object": "list", "data": data}).encode(), _JSON
 

@@ -214,3 +214,5 @@ def test_a_canary_backend_that_is_a_model_the_tenant_may_not_use_never_serves_it
     refused = post(gateway, alias_only, {**body, "model": "alias"})
     assert refusal(refused) == (403, "model_not_allowed", "model")
     assert "Every backend" in refused.json()["error"]["message"]
+    listed = httpx.get(f"{gateway.url}/v1/models", headers={"authorization": f"Bearer {alias_only}"}).json()["data"]
+    assert listed == []
