@@ -112,7 +112,7 @@ class ModelSource(SpecModel):
 
 
 class RuntimeSpec(SpecModel):
-    image: str = Field(default="sluice/runtime:0.1.0", description="Runtime container image.", max_length=512)
+    image: str = Field(default="ghcr.io/sluice-dev/sluice-runtime:0.1.0", description="Runtime container image.", max_length=512)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
