@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from sluice_contracts.json_depth import MAX_JSON_DEPTH
 from sluice_runtime.server.chat_template import ChatTemplate
 from sluice_runtime.server.errors import APIError, _location
+from sluice_runtime.server.json_limits import UnsafeJSON, loads
 from sluice_runtime.server.protocol import Tool
 from sluice_runtime.server.structured_output import GrammarCompiler
 from sluice_runtime.server.tool_calls import ToolCallParser, tools_system_prompt
@@ -186,3 +188,14 @@ def test_cli_refuses_bad_flags_with_one_clear_line():
     assert "/no/such/model" in bad_model.stderr
     bad_body = run_cli("serve", "--max-body-bytes", "lots")
     assert bad_body.returncode == 2 and "cannot parse memory size" in bad_body.stderr
+
+
+@pytest.mark.parametrize("open_, close", [("[", "]"), ('{"a": ', "}")])
+def test_the_runtime_takes_exactly_the_nesting_the_gateway_admits(open_, close):
+    def nested(levels: int) -> str:
+        return open_ * levels + ("1" if close == "}" else "") + close * levels
+
+    loads(nested(MAX_JSON_DEPTH))
+    with pytest.raises(UnsafeJSON) as refused:
+        loads(nested(MAX_JSON_DEPTH + 1))
+    assert refused.value.code == "json_too_deep"

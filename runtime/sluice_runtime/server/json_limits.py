@@ -11,7 +11,8 @@ import json
 import re
 from typing import Any
 
-MAX_DEPTH = 64
+from sluice_contracts.json_depth import MAX_JSON_DEPTH
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # Only text with an escaped surrogate (\uD800-\uDFFF, paired or not) can parse into one.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -34,7 +35,7 @@ def loads(text: str) -> Any:
         raise _too_deep(None) from None
     # Walking a large value costs more than parsing it; text with few brackets and no escaped surrogate
     # cannot hold what the walk looks for.
-    if text.count("[") + text.count("{") > MAX_DEPTH or _SURROGATE_ESCAPE.search(text):
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH or _SURROGATE_ESCAPE.search(text):
         check(value)
     return value
 
@@ -49,7 +50,7 @@ def check(value: Any) -> None:
                 raise UnsafeJSON(f"The text at {_where(path)} holds a lone UTF-16 surrogate, which is not valid "
                                  "Unicode; send UTF-8 text or surrogate pairs.", _name(path), "invalid_unicode")
             continue
-        if len(path) >= MAX_DEPTH:
+        if len(path) >= MAX_JSON_DEPTH:
             raise _too_deep(_name(path))
         entries = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
         for key, child in entries:
@@ -61,7 +62,7 @@ def check(value: Any) -> None:
 
 
 def _too_deep(path: str | None) -> UnsafeJSON:
-    return UnsafeJSON(f"The JSON nests arrays and objects more than {MAX_DEPTH} levels deep.", path,
+    return UnsafeJSON(f"The JSON nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.", path,
                       "json_too_deep")
 
 
