@@ -58,6 +58,26 @@ def test_an_implausibly_dear_attention_pair_is_taken_as_noise():
     assert model.coefficients()[2] == 0.0
 
 
+@pytest.mark.parametrize("paused_step", [28, 60, 300])
+def test_one_paused_step_does_not_resize_the_chunks_after_it(paused_step):
+    history = [28, 60, 300] * 20
+    expected = StepBudget(AUTO, 1024, fitted(*history)).allowance(28, 0).chunk(0, ANY)
+    paused = fitted(*history)
+    paused.observe(paused_step, 0, 40 * cpu_step(paused_step))  # the OS gave the cores away for seconds
+
+    chunk = StepBudget(AUTO, 1024, paused).allowance(28, 0).chunk(0, ANY)
+
+    assert 0.75 * expected <= chunk <= 1.25 * expected
+
+
+def test_a_machine_that_really_slows_down_moves_the_fit_within_a_few_dozen_steps():
+    model = fitted(*[28, 60, 300] * 20)
+    for _ in range(12):
+        for tokens in (28, 60, 300):
+            model.observe(tokens, 0, 5 * cpu_step(tokens))
+    assert model.predict(60, 0) >= 3 * cpu_step(60)
+
+
 @pytest.mark.parametrize("decodes", [8, 28, 64])
 def test_auto_keeps_a_step_within_two_decode_steps_at_the_current_batch(decodes):
     budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))

@@ -34,6 +34,12 @@ DECAY = 0.95
 # A fit in which a query reading this many keys costs more than the token's own linear layers is
 # taken as noise (decode-heavy steps make pairs and tokens grow together) and the pairs are dropped.
 MAX_PAIRS_PER_TOKEN_COST = 256
+# A step that took more than this many times what the fit predicted was mostly paused, not slow
+# (other processes held the cores): it counts as this many times the prediction. Unclipped, one
+# pause raised the fitted fixed cost, and with it auto's target, so much that the next steps'
+# chunks grew tenfold and blew the target; a machine that really got slower still moves the fit
+# within a few dozen steps.
+OUTLIER_FACTOR = 2.0
 
 
 def chunk_pairs(context: int, tokens: int) -> int:
@@ -57,6 +63,8 @@ class StepTimeModel:
     def observe(self, tokens: int, pairs: int, seconds: float) -> None:
         if tokens < 1 or not seconds > 0 or math.isinf(seconds):
             return
+        if self.fitted:
+            seconds = min(seconds, OUTLIER_FACTOR * self.predict(tokens, pairs))
         terms = {"w": 1.0, "n": tokens, "p": pairs, "t": seconds, "nn": tokens * tokens, "pp": pairs * pairs,
                  "np": tokens * pairs, "nt": tokens * seconds, "pt": pairs * seconds}
         for name, value in terms.items():
