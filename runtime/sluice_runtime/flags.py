@@ -32,7 +32,9 @@ def flag(default: Any = MISSING, help: str | None = None, *, default_factory: Ca
     return field(default=default, default_factory=default_factory, metadata={"flag": spec})
 
 
-def add_flags(group: argparse._ArgumentGroup, cls: type) -> None:
+def add_flags(parser: argparse.ArgumentParser, title: str, cls: type) -> None:
+    """`cls`'s flags, in a group of the help named `title`."""
+    group = parser.add_argument_group(title)
     for f in fields(cls):
         spec: FlagSpec | None = f.metadata.get("flag")
         if spec is None:

@@ -112,7 +112,7 @@ class EngineConfig:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        add_flags(parser.add_argument_group("engine"), EngineConfig)
+        add_flags(parser, "engine", EngineConfig)
 
     @property
     def target_itl(self) -> str | float:

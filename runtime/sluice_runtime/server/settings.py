@@ -54,7 +54,7 @@ class ServerSettings:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        add_flags(parser.add_argument_group("server"), ServerSettings)
+        add_flags(parser, "server", ServerSettings)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerSettings":
