@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 EXTRAS ?= engine,gateway,operator,demo,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install run test test-unit e2e crds chart-check bench-engine bench-serve bench-gateway cluster-build cluster-up cluster-down clean
+.PHONY: install run test test-unit e2e crds chart-check images images-check bench-engine bench-serve bench-gateway cluster-build cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,15 @@ crds: install
 # helm lint, helm template (default and full values), server-side dry run on the local control plane, Dockerfiles.
 chart-check: install
 	$(PY) -m pytest -q -ra tests/chart
+
+# The operator image and the runtime image (CPU variant), built here with buildah from a local Debian base,
+# under ~/.cache/sluice/images (images/README.md). Needs root, buildah and debootstrap; stdlib only.
+images:
+	$(PYTHON) -m images.build
+
+# Builds them if their sources changed, then runs each as its pod does (tests/images; `make test` runs it too).
+images-check: install
+	$(PY) -m pytest -q -ra tests/images
 
 clean:
 	rm -rf $(VENV) .pytest_cache

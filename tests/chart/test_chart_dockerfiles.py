@@ -129,7 +129,7 @@ def test_operator_image_install_steps(tmp_path):
 def test_runtime_image_install_steps(tmp_path):
     shared = sysconfig.get_paths()["purelib"]
     venv, left_out = run_build_stage(REPO / "Dockerfile.runtime", tmp_path, _env(PYTHONPATH=shared))
-    assert [step.split()[0] for step in left_out] == ["apt-get", "MAX_JOBS=8"], left_out
+    assert len(left_out) == 2 and left_out[0].startswith("apt-get") and "flash-attn" in left_out[1], left_out
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import sluice_runtime; print(sluice_runtime.__file__)"],
                            capture_output=True, text=True, env=_env(PYTHONPATH=shared), timeout=60)
     assert where.returncode == 0 and where.stdout.startswith(str(venv)), where.stdout + where.stderr
