@@ -76,8 +76,9 @@ chart-check: install
 images:
 	$(PYTHON) -m images.build
 
-# Builds them if their sources changed, then runs each as its pod does (tests/images; `make test` runs it too).
-images-check: install
+# Rebuilds them if their sources changed, then runs each as its pod does (tests/images; `make test` runs
+# those tests too, on the images built last).
+images-check: images install
 	$(PY) -m pytest -q -ra tests/images
 
 clean:

@@ -121,13 +121,6 @@ def build(target: Target, force: bool = False) -> float:
     return time.monotonic() - started
 
 
-def ensure_built(names=LOCAL_TARGETS) -> dict[str, Target]:
-    """The targets, each built unless current."""
-    for name in names:
-        build(TARGETS[name])
-    return {name: TARGETS[name] for name in names}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m images.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("targets", nargs="*", choices=[*TARGETS, []], default=list(LOCAL_TARGETS),
