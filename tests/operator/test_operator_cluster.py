@@ -156,7 +156,8 @@ def _rbac(namespace: str, other: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def setup(kube_cluster, tmp_path_factory):
     namespace = f"op-{uuid.uuid4().hex[:8]}"
-    kube_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    # Forced: the e2e scenarios install the same CRDs through helm, which then owns their fields.
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     kube_cluster.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
                          "crd/inferencemodels.sluice.dev", "crd/modelroutes.sluice.dev")
     other = f"{namespace}-other"

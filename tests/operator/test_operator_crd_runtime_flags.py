@@ -101,7 +101,8 @@ def _snake(camel: str) -> str:
 
 @pytest.fixture(scope="module")
 def crd_namespace(kube_cluster):
-    kube_cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    # Forced: the e2e scenarios install the same CRDs through helm, which then owns their fields.
+    kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     kube_cluster.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
                          "crd/inferencemodels.sluice.dev")
     name = f"flags-{uuid.uuid4().hex[:8]}"
