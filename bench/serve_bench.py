@@ -151,7 +151,7 @@ class OfflineEngine:
 
     def _load(self, args) -> None:
         from sluice_runtime.engine.llm import LLM
-        from sluice_runtime.engine.sampling_params import SamplingParams
+        from sluice_runtime.sampling_params import SamplingParams
 
         batch = min(args.max_concurrency or 256, 256)
         self._llm = LLM(args.model, dtype=args.dtype, max_num_seqs=batch, max_num_batched_tokens=max(1024, batch))

@@ -8,7 +8,7 @@ import socket
 import sys
 
 from sluice_runtime import writable_dirs
-from sluice_runtime.engine.config import EngineConfig
+from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.server.settings import ServerSettings
 
 
@@ -107,7 +107,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import uvicorn
 
     from sluice_runtime.engine.async_engine import AsyncEngine
-    from sluice_runtime.models.loading import ModelLoadError
+    from sluice_runtime.model_load_error import ModelLoadError
     from sluice_runtime.server.app import build_app
 
     try:

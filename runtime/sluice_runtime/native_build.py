@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from .cpu_isa import cpu_paths
-from .models.loading import sluice_cache_dir
+from .cache_dir import sluice_cache_dir
 
 log = logging.getLogger(__name__)
 

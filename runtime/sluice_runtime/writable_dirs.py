@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .models.loading import sluice_cache_dir
+from .cache_dir import sluice_cache_dir
 
 # Each library's own variable and its directory under SLUICE_CACHE_DIR. HF_HOME itself stays, so a token
 # saved by `huggingface-cli login` is still read from it.

@@ -54,7 +54,7 @@ def _spec(path: tuple[str, ...], value) -> dict:
 def _runtime_refusal(args: list[str]) -> str | None:
     """Why `sluice-runtime` would refuse this command line (its own parser and config), or None."""
     from sluice_runtime.cli import _parser
-    from sluice_runtime.engine.config import EngineConfig
+    from sluice_runtime.engine_config import EngineConfig
     from sluice_runtime.server.settings import ServerSettings
 
     parser, _ = _parser()

@@ -5,8 +5,8 @@ import time
 import pytest
 
 from sluice_runtime.engine.async_engine import AsyncEngine
-from sluice_runtime.engine.config import EngineConfig
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.engine_config import EngineConfig
+from sluice_runtime.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from sluice_runtime.engine.config import EngineConfig
+from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.engine.llm_engine import LLMEngine
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -7,7 +7,7 @@ import pytest
 
 from sluice_contracts.runtime_flags import BLOCK_SIZES, DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
 from sluice_runtime.cli import _parser
-from sluice_runtime.engine.config import EngineConfig
+from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.server.settings import ServerSettings
 
 

@@ -69,7 +69,7 @@ def test_an_unknown_level_is_refused_listing_the_levels(requested):
 
 def test_the_engine_refuses_to_start_on_a_level_it_cannot_run(monkeypatch):
     from sluice_runtime.engine.llm import LLM
-    from sluice_runtime.models.loading import ModelLoadError
+    from sluice_runtime.model_load_error import ModelLoadError
 
     above = {"generic": "avx2", "avx2": "avx512"}.get(cpu_paths().detected, "sse")
     monkeypatch.setenv("SLUICE_CPU_ISA", above)

@@ -7,8 +7,8 @@ from fixtures.model import chat_prompt
 from sluice_runtime.engine.errors import EngineOverloaded, RequestRejected
 from sluice_runtime.engine.llm import LLM
 from sluice_runtime.engine.llm_engine import LLMEngine
-from sluice_runtime.engine.config import EngineConfig
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.engine_config import EngineConfig
+from sluice_runtime.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sluice_runtime.engine.config import EngineConfig
+from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.engine.llm_engine import LLMEngine
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "gpu_check.py"

@@ -4,7 +4,7 @@ import torch
 
 from fixtures.model import chat_prompt
 from sluice_runtime.engine.llm import LLM
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.sampling_params import SamplingParams
 
 MAX_TOKENS = 24
 SYSTEM = "You are a meticulous assistant. Answer briefly and precisely, and never invent facts. " * 3

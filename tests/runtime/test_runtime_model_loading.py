@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from sluice_runtime.models.loading import ModelLoadError, resolve_model, validate_model_dir
+from sluice_runtime.model_load_error import ModelLoadError
+from sluice_runtime.models.loading import resolve_model, validate_model_dir
 
 
 def test_embedded_model_is_converted_once(smollm2_dir):
@@ -45,7 +46,7 @@ def test_missing_files_are_named(smollm2_dir, tmp_path):
 
 
 def test_corrupt_weights_are_reported_not_a_traceback(smollm2_dir, tmp_path):
-    from sluice_runtime.engine.config import EngineConfig
+    from sluice_runtime.engine_config import EngineConfig
     from sluice_runtime.engine.llm_engine import LLMEngine
 
     model = _copy_model(smollm2_dir, tmp_path / "m")

@@ -1,7 +1,7 @@
 """The sampling both devices share: which tokens each truncation keeps, and draws that follow the distribution."""
 import torch
 
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.executor.device_sampler import DeviceSampler
 from sluice_runtime.executor.sampler import SampleRequest, Sampler, sampling_probs
 

@@ -11,8 +11,8 @@ import math
 import pytest
 
 from sluice_runtime.engine.block_manager import BlockManager
-from sluice_runtime.engine.config import EngineConfig
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.engine_config import EngineConfig
+from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.engine.scheduler import Scheduler
 from sluice_runtime.engine.sequence import SequenceGroup
 from sluice_runtime.engine.step_budget import (AUTO, BATCH_MEMORY, MIN_CHUNK, OFF, StepBudget, StepTimeModel,

@@ -138,7 +138,7 @@ def _prompts(seed: int) -> list[list[int]]:
 def test_engine_on_triton_kernels_matches_torch(tiny_model_dir):
     """Chunked prefill, prefix hits (the second round) and decode through the engine, block size 4."""
     from sluice_runtime.engine.llm import LLM
-    from sluice_runtime.engine.sampling_params import SamplingParams
+    from sluice_runtime.sampling_params import SamplingParams
 
     prompts = _prompts(0)
     params = [SamplingParams(max_tokens=8, temperature=0 if i % 2 else 1.0, seed=i, ignore_eos=True)
@@ -155,9 +155,9 @@ def test_engine_on_triton_kernels_matches_torch(tiny_model_dir):
 
 def test_padded_graph_decode_matches_eager(tiny_model_dir):
     """The CUDA-graph decode path (static buffers, padding to the ladder) on the CPU, replayed eagerly."""
-    from sluice_runtime.engine.sampling_params import SamplingParams
+    from sluice_runtime.sampling_params import SamplingParams
     from sluice_runtime.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
-    from sluice_runtime.engine.config import EngineConfig
+    from sluice_runtime.engine_config import EngineConfig
     from sluice_runtime.executor.model_runner import BatchItem, ModelRunner, StepInputs
     from sluice_runtime.executor.sampler import SampleRequest
 

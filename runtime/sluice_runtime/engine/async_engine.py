@@ -8,12 +8,12 @@ from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
-from .config import EngineConfig
+from ..engine_config import EngineConfig
 from .errors import EngineDead
 from .llm_engine import EngineStats, LLMEngine
 from .output_mailbox import OutputMailbox
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,10 @@ import itertools
 
 from tqdm import tqdm
 
-from .config import EngineConfig
+from ..engine_config import EngineConfig
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class LLM:

@@ -11,11 +11,11 @@ from ..executor.model_runner import BatchItem, ModelRunner
 from ..executor.sampler import SampleRequest, SampleResult
 from ..models.loading import ModelInfo, resolve_model, validate_model_dir
 from .block_manager import BlockManager
-from .config import EngineConfig
+from ..engine_config import EngineConfig
 from .detokenizer import Detokenizer
 from .errors import EngineOverloaded, RequestRejected
 from .outputs import CompletionOutput, RequestOutput, TokenLogprob
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence, SequenceGroup
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from .outputs import RequestMetrics, TokenLogprob
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -25,7 +25,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-AUTO, OFF = "auto", "off"
+from ..engine_config import AUTO, OFF
+
 AUTO_DECODE_FACTOR = 2.0
 MIN_CHUNK = 16
 BATCH_MEMORY = 64

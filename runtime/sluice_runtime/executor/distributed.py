@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from ..models.loading import ModelLoadError
+from ..model_load_error import ModelLoadError
 
 log = logging.getLogger(__name__)
 

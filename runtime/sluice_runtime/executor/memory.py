@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.loading import ModelLoadError
+from ..model_load_error import ModelLoadError
 
 
 def _gib(n: int) -> str:

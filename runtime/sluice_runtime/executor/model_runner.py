@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from ..cpu_isa import CpuIsaError, CpuPaths, cpu_paths
-from ..engine.config import EngineConfig
+from ..engine_config import EngineConfig
 from ..layers.linear import TensorParallel
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
-from ..models.loading import ModelLoadError
+from ..model_load_error import ModelLoadError
 from ..models.weights import load_weights
 from ..layers import fused_cpu
 from .packed_linear import prepare_linears

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.sampling_params import SamplingParams, TokenConstraint
+from ..sampling_params import SamplingParams, TokenConstraint
 
 
 @dataclass

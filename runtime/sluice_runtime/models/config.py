@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .loading import ModelLoadError
+from ..model_load_error import ModelLoadError
 
 # Qwen3 adds per-head RMSNorm on q and k; Qwen2 adds biases on q/k/v.
 _QK_NORM_ARCHITECTURES = {"Qwen3ForCausalLM"}

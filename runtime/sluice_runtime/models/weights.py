@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .loading import ModelLoadError
+from ..model_load_error import ModelLoadError
 
 # HF name fragment -> (our parameter, shard index) for weights we fuse.
 _FUSED = {

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from sluice_contracts.load_report import LoadReport, PrefixCacheStats
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.metrics import RuntimeMetrics
 
 from .capabilities import ModelCapabilities

@@ -9,7 +9,7 @@ from typing import AsyncIterator
 
 from sluice_runtime.engine.errors import EngineDead, EngineError, EngineOverloaded, RequestRejected
 from sluice_runtime.engine.outputs import RequestOutput
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.sampling_params import SamplingParams
 
 from .disconnect import ClientDisconnected, until_disconnected
 from .errors import APIError, internal_error, invalid_request, overloaded, shutting_down

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 
 from sluice_contracts.request_cost import RequestCost
-from sluice_runtime.engine.sampling_params import SamplingParams
+from sluice_runtime.sampling_params import SamplingParams
 
 from . import json_limits
 from .capabilities import ModelCapabilities

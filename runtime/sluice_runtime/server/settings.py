@@ -5,7 +5,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from sluice_contracts.runtime_credential import ROTATION_GRACE_S
-from sluice_runtime.engine.config import parse_memory
+from sluice_runtime.engine_config import parse_memory
 from sluice_runtime.flags import add_flags, flag, from_flags
 
 from .credential import RuntimeCredential

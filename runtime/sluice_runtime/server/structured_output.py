@@ -24,7 +24,7 @@ _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 
 class GrammarConstraint:
-    """A TokenConstraint (engine/sampling_params.py) driven by one llguidance matcher."""
+    """A TokenConstraint (sluice_runtime/sampling_params.py) driven by one llguidance matcher."""
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
         self._matcher = matcher

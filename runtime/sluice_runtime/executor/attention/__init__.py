@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from ...models.loading import ModelLoadError
+from ...model_load_error import ModelLoadError
 from .base import AttentionBackend, AttentionMetadata, SequenceSpan
 from .torch_backend import TorchAttentionBackend
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from sluice_contracts import runtime_flags
 from sluice_contracts.runtime_flags import DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
 
-from ..flags import add_flags, flag, from_flags
-from .step_budget import AUTO, OFF
+from .flags import add_flags, flag, from_flags
+
+AUTO, OFF = "auto", "off"  # --target-itl-ms modes besides milliseconds
 
 # The names executor.attention.BACKENDS accepts, repeated so parsing flags does not import torch.
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
