@@ -9,7 +9,10 @@ launcher, the process listens on the host's loopback.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import shutil
 import subprocess
 from contextlib import contextmanager
@@ -74,13 +77,37 @@ def start(root: Path, config: dict, writable: Sequence[str], command: Sequence[s
     process = image_process(config)
     argv = list(command) if command is not None else [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
     script = _script(root, process, writable, argv)
-    # --kill-child: the image's process dies with its launcher, whatever happens to the caller.
-    return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
+    return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--pid", "--fork",
                              "sh", "-c", script], **popen)
+
+
+def stop(launcher: subprocess.Popen, timeout: float = 60) -> int:
+    """SIGTERM to the image's process, as the kubelet stops a pod; SIGKILL after `timeout`.
+
+    The signals go to unshare's child, PID 1 of the namespace (all else in it dies with it): unshare ignores
+    SIGTERM while it waits, and its child no longer shares its fate once chroot has changed the user."""
+    children: list[int] = []
+    with contextlib.suppress(OSError, ValueError):
+        children = [int(pid) for pid in
+                    Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        try:
+            return launcher.wait(timeout)
+        except subprocess.TimeoutExpired:
+            continue
+    launcher.kill()
+    return launcher.wait()
 
 
 def run(root: Path, config: dict, writable: Sequence[str], command: Sequence[str], timeout: float = 300
         ) -> subprocess.CompletedProcess:
     child = start(root, config, writable, command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout, stderr = child.communicate(timeout=timeout)
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    finally:
+        if child.poll() is None:
+            stop(child, timeout=5)
     return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)

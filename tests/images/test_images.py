@@ -82,8 +82,7 @@ def test_runtime_image_serves_the_embedded_model_as_the_host_does(runtime_root):
             url = _wait_until_ready(server, out, err)
             assert _chat(url) == expected
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            pod_like.stop(server)
         # The embedded model was converted into the pod's /cache and nothing complained about a read-only path.
         assert "Read-only file system" not in err.read_text()
 
