@@ -1,5 +1,5 @@
 """Dockerfile.operator and Dockerfile.runtime: linted with hadolint, and their install steps run for real.
-(The whole images are built and run in tests/images; these steps fail here first, in seconds.)
+(The whole images are built and run in tests/images; these steps fail first, without buildah or root.)
 
 No Docker engine runs here, so the build stage's own RUN lines are executed in a fresh virtual environment
 standing in for /opt/sluice, over a copy of exactly what the stage COPYs: when pyproject.toml's extras or the
