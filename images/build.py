@@ -123,11 +123,14 @@ def build(target: Target, force: bool = False) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m images.build", description=__doc__.split("\n\n")[0])
-    parser.add_argument("targets", nargs="*", choices=[*TARGETS, []], default=list(LOCAL_TARGETS),
-                        metavar="TARGET", help=f"{', '.join(TARGETS)} (default: {' '.join(LOCAL_TARGETS)})")
+    parser.add_argument("targets", nargs="*", default=list(LOCAL_TARGETS), metavar="TARGET",
+                        help=f"{', '.join(TARGETS)} (default: {' '.join(LOCAL_TARGETS)})")
     parser.add_argument("--force", action="store_true", help="rebuild even when the sources have not changed")
     parser.add_argument("--clean", action="store_true", help=f"remove every image and the base ({buildah.HOME}) and stop")
     options = parser.parse_args(argv)
+    unknown = [name for name in options.targets if name not in TARGETS]
+    if unknown:
+        parser.error(f"unknown target {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
     try:
         if options.clean:
             buildah.clean()
