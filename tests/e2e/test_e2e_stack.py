@@ -428,6 +428,11 @@ def test_7_rollout_of_new_runtime_args_fails_no_request(stack, record_property):
     started = time.monotonic()
     stack.kubectl("patch", "im", "smollm2", "--type=merge", "-p",
                   json.dumps({"spec": {"runtime": {"args": ["--max-num-batched-tokens", "512"]}}}))
+    # The operator applies the new spec a moment later; `rollout status` of the Deployment as it still is
+    # would report the old rollout complete.
+    generation = str(stack.get("im", "smollm2")["metadata"]["generation"])
+    wait_for(lambda: ((stack.get("deployment", "smollm2") or {}).get("metadata", {}).get("annotations") or {})
+             .get("sluice.dev/generation") == generation, timeout=60, what="the operator to apply the new spec")
     stack.kubectl("rollout", "status", "deployment/smollm2", "--timeout=300s", timeout=320)
     after = _serving_pods(stack, 2)
     record_property("rollout_s", round(time.monotonic() - started, 1))
