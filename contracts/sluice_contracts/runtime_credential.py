@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import time
 
 SECRET_SUFFIX = "runtime-credential"
 SECRET_KEY = "api-key"
@@ -35,6 +36,30 @@ def presented_matches(presented: str | None, credential: str) -> bool:
     expected = header_value(credential).encode()
     # Headers arrive as latin-1 text; anything that does not encode is simply not the credential.
     return hmac.compare_digest((presented or "").encode(errors="replace"), expected)
+
+
+class RotatedCredential:
+    """The credential in use and, for `grace_s` after a rotation, the one it replaced. The gateway and each
+    runtime keep one, since the kubelet updates their copies of the Secret at different times."""
+
+    def __init__(self, current: str, grace_s: float = ROTATION_GRACE_S) -> None:
+        self.current = current
+        self.grace_s = grace_s
+        self._replaced: str | None = None
+        self._replaced_until = 0.0  # time.monotonic() after which the replaced credential is no longer valid
+
+    def rotate(self, credential: str) -> bool:
+        """Make `credential` the one in use; False when it already was."""
+        if credential == self.current:
+            return False
+        self._replaced, self._replaced_until = self.current, time.monotonic() + self.grace_s
+        self.current = credential
+        return True
+
+    @property
+    def replaced(self) -> str | None:
+        """The credential the last rotation replaced, while its grace lasts; else None."""
+        return self._replaced if time.monotonic() < self._replaced_until else None
 
 
 class CredentialFileError(ValueError):

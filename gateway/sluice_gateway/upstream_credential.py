@@ -7,10 +7,9 @@ A refusal also re-reads the file at once, in case it changed since the last peri
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
-from sluice_contracts.runtime_credential import ROTATION_GRACE_S, header_value
+from sluice_contracts.runtime_credential import ROTATION_GRACE_S, RotatedCredential, header_value
 
 
 class UpstreamCredential:
@@ -19,20 +18,19 @@ class UpstreamCredential:
         self.header: str | None = None  # None until a credential file is read (or none is configured)
         self._recheck = recheck
         self._grace_s = grace_s
-        self._previous: str | None = None
-        self._previous_until = 0.0
+        self._credentials: RotatedCredential | None = None
 
     def use(self, credential: str) -> None:
-        header = header_value(credential)
-        if self.header is not None and header != self.header:
-            self._previous, self._previous_until = self.header, time.monotonic() + self._grace_s
-        self.header = header
+        if self._credentials is None:
+            self._credentials = RotatedCredential(credential, self._grace_s)
+        else:
+            self._credentials.rotate(credential)
+        self.header = header_value(credential)
 
     def after_refusal(self, refused: str | None) -> str | None:
         """The value to try once more after a runtime refused `refused`, or None when there is nothing else."""
         self._recheck()
         if self.header != refused:
             return self.header
-        if self._previous is not None and time.monotonic() < self._previous_until:
-            return self._previous
-        return None
+        replaced = self._credentials.replaced if self._credentials is not None else None
+        return header_value(replaced) if replaced is not None else None

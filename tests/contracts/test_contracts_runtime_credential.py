@@ -2,7 +2,7 @@
 import pytest
 
 from sluice_contracts.runtime_credential import (
-    CredentialFileError, header_value, presented_matches, read_credential_file, secret_name,
+    CredentialFileError, RotatedCredential, header_value, presented_matches, read_credential_file, secret_name,
 )
 
 
@@ -44,3 +44,14 @@ def test_a_file_that_cannot_go_into_a_header_is_refused(tmp_path, content):
 def test_a_missing_file_is_refused_by_name(tmp_path):
     with pytest.raises(CredentialFileError, match="cannot read the api key file"):
         read_credential_file(tmp_path / "absent", "api key file")
+
+
+def test_a_rotation_keeps_the_replaced_credential_for_its_grace_only():
+    credentials = RotatedCredential("old-key", grace_s=60)
+    assert credentials.replaced is None
+    assert credentials.rotate("old-key") is False and credentials.replaced is None
+    assert credentials.rotate("new-key") is True
+    assert (credentials.current, credentials.replaced) == ("new-key", "old-key")
+    ended = RotatedCredential("old-key", grace_s=0)
+    ended.rotate("new-key")
+    assert (ended.current, ended.replaced) == ("new-key", None)

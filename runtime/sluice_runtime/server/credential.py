@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 
 from sluice_contracts.runtime_credential import (
-    HEADER, OPEN_PATHS, ROTATION_GRACE_S, CredentialFileError, header_value, presented_matches, read_credential_file,
+    HEADER, OPEN_PATHS, ROTATION_GRACE_S, CredentialFileError, RotatedCredential, header_value, presented_matches,
+    read_credential_file,
 )
 
 log = logging.getLogger("sluice.server")
@@ -24,11 +24,8 @@ _HEADER = HEADER.encode()
 class RuntimeCredential:
     def __init__(self, path: str, grace_s: float = ROTATION_GRACE_S):
         self.path = path
-        self.grace_s = grace_s
-        self._credential = read_credential_file(path, "api key file")
+        self._credentials = RotatedCredential(read_credential_file(path, "api key file"), grace_s)
         self._identity = _identity(path)
-        self._previous: str | None = None
-        self._previous_until = 0.0  # time.monotonic() after which the previous credential is refused
         self._lock = threading.Lock()
 
     def refusal(self, path: str, headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -43,10 +40,11 @@ class RuntimeCredential:
                     "(clients call the gateway, not the runtime).")
         self._reload_if_changed()
         value = presented[0].decode("latin-1")
-        current = presented_matches(value, self._credential)
+        replaced = self._credentials.replaced
         # Both comparisons always run, so the time taken does not tell which credential nearly matched.
-        previous = presented_matches(value, self._previous or self._credential)
-        if current or (previous and self._previous is not None and time.monotonic() < self._previous_until):
+        current = presented_matches(value, self._credentials.current)
+        previous = presented_matches(value, replaced or self._credentials.current)
+        if current or (previous and replaced is not None):
             return None
         return "Incorrect runtime credential provided."
 
@@ -62,11 +60,9 @@ class RuntimeCredential:
                 log.warning("keeping the current runtime credential: %s", exc)
                 return
             self._identity = identity
-            if credential != self._credential:
-                self._previous, self._credential = self._credential, credential
-                self._previous_until = time.monotonic() + self.grace_s
+            if self._credentials.rotate(credential):
                 log.info("runtime credential reloaded from %s; the previous one is accepted for %g s more",
-                         self.path, self.grace_s)
+                         self.path, self._credentials.grace_s)
 
 
 def _identity(path: str) -> tuple[int, int, int] | None:
