@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .model_tasks import DEFAULT_TASKS, Task
+
 Affinity = Literal["prefix", "session", "none"]
 
 
@@ -28,6 +30,7 @@ class Capabilities(_Wire):
     tools: bool = False
     json_schema: bool = False
     vision: bool = False
+    tasks: tuple[Task, ...] = Field(default=DEFAULT_TASKS, min_length=1, description="What the backend serves.")
 
 
 class Backend(_Wire):

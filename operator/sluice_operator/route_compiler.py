@@ -41,6 +41,7 @@ def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mappin
             tools=spec.capabilities.tools,
             json_schema=spec.capabilities.json_schema,
             vision=spec.capabilities.vision,
+            tasks=tuple(spec.capabilities.tasks),
         ),
     )
 

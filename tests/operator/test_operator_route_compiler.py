@@ -41,7 +41,7 @@ def test_only_ready_pods_that_are_not_leaving_are_published():
 
 def test_routes_carry_weights_capabilities_and_fallbacks():
     models = {"v1": _model(servedModelName="smol", runtime={"maxModelLen": 4096}),
-              "v2": _model(capabilities={"tools": False})}
+              "v2": _model(capabilities={"tools": False, "tasks": ["embedding", "rerank"]})}
     routes = {"chat": _route("chat", [{"inferenceModel": "v1", "weight": 90}, {"inferenceModel": "v2", "weight": 10}],
                              fallbacks=["small"], affinity="session"),
               "small": _route("small", [{"inferenceModel": "v2"}])}
@@ -52,6 +52,8 @@ def test_routes_carry_weights_capabilities_and_fallbacks():
     assert [(b.name, b.weight, b.served_model_name) for b in chat.backends] == [("v1", 90, "smol"), ("v2", 10, "v2")]
     assert chat.backends[0].endpoints == ("http://10.0.0.1:8000",)
     assert chat.backends[0].capabilities.max_model_len == 4096 and not chat.backends[1].capabilities.tools
+    assert chat.backends[0].capabilities.tasks == ("chat", "completion", "embedding", "rerank"), "the default"
+    assert chat.backends[1].capabilities.tasks == ("embedding", "rerank")
     assert table.route("v2").backends[0].name == "v2", "each InferenceModel is routable under its own name"
     assert compiled.verdicts["chat"].ready and compiled.verdicts["chat"].endpoints == 1
     assert not compiled.verdicts["small"].ready and compiled.verdicts["small"].reason == "NoReadyEndpoints"

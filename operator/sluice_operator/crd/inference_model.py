@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from sluice_contracts import runtime_flags
+from sluice_contracts.model_tasks import DEFAULT_TASKS, TASKS, Task
 from sluice_contracts.runtime_flags import BLOCK_SIZES, DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
 
 from .base import IntOrPercent, Kind, Quantity, SpecModel, StatusModel, cel
@@ -29,6 +30,7 @@ MSG_CREDENTIAL_ARG = (
     "runtime.args must not set --api-key-file (or an abbreviation of it): the operator gives every runtime pod "
     "the release's runtime credential"
 )
+MSG_TASKS = f"capabilities.tasks must list each task at most once, from {', '.join(TASKS)}"
 MSG_NAME = (
     "InferenceModel names must be at most 63 lowercase letters, digits or '-', starting with a letter, "
     "since the Service of the model takes the same name"
@@ -190,6 +192,19 @@ class Capabilities(SpecModel):
     tools: bool = Field(default=True, description="The model handles tool calls; the gateway routes tool requests here.")
     json_schema: bool = Field(default=True, description="Structured output with a JSON schema is supported.")
     vision: bool = Field(default=False, description="The model accepts image inputs.")
+    tasks: list[Task] = Field(
+        default_factory=lambda: list(DEFAULT_TASKS), min_length=1, max_length=len(TASKS),
+        description="Endpoints the model serves: chat (/v1/chat/completions), completion (/v1/completions), "
+                    "embedding (/v1/embeddings), rerank (/v1/rerank); the gateway refuses other tasks with 400.",
+        json_schema_extra={"x-kubernetes-list-type": "set", "default": list(DEFAULT_TASKS)},
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _distinct(cls, tasks: list[str]) -> list[str]:
+        if len(set(tasks)) != len(tasks):
+            raise ValueError(MSG_TASKS)
+        return tasks
 
 
 class AutoscalingSpec(SpecModel):
