@@ -68,6 +68,9 @@ def model_status(observed: Observed, existing: dict[str, Any], now: str) -> dict
                             message="the runtime Deployment has not been created yet")
     elif ready > 0:
         ready_c = Condition(type="Ready", status="True", reason="Serving", message=f"{ready}/{desired} replicas ready")
+    elif desired == 0:
+        ready_c = Condition(type="Ready", status="False", reason="ScaledToZero",
+                            message="scaled to zero: the gateway holds the next request while a replica starts")
     else:
         ready_c = Condition(type="Ready", status="False", reason="NoReadyReplicas",
                             message=f"0/{desired} replicas ready; the model may still be loading")

@@ -22,6 +22,15 @@ KV_CACHE_PATTERN = r"^[1-9][0-9]*(Ki|Mi|Gi|Ti)$"
 MSG_SOURCE = "model.source must be 'smollm2', 'hf:ORG/NAME' or 'pvc://CLAIM/PATH'"
 MSG_HF_ONLY = "model.revision and model.tokenSecret only apply to an 'hf:' source"
 MSG_MIN_MAX = "autoscaling.minReplicas must not be above autoscaling.maxReplicas"
+MSG_ZERO_NEEDS_IDLE = (
+    "autoscaling.minReplicas 0 needs autoscaling.scaleToZeroAfterSeconds: the idle time after which the model "
+    "scales to zero"
+)
+MSG_IDLE_NEEDS_ZERO = "autoscaling.scaleToZeroAfterSeconds only applies with autoscaling.minReplicas 0"
+MSG_ZERO_REPLICAS = (
+    "replicas 0 needs autoscaling with minReplicas 0, which starts a replica when a request arrives; "
+    "without it nothing would ever serve the model"
+)
 MSG_TP_GPUS = "tensorParallelSize above 1 needs at least that many GPUs in resources.gpus"
 MSG_ROLLOUT = "rollout.maxSurge and rollout.maxUnavailable cannot both be zero"
 # argparse takes any unambiguous prefix of a flag: '--ap' already names --api-key-file.
@@ -208,7 +217,11 @@ class Capabilities(SpecModel):
 
 
 class AutoscalingSpec(SpecModel):
-    min_replicas: int = Field(default=1, ge=1, le=1000, description="Fewest replicas the autoscaler keeps.")
+    min_replicas: int = Field(
+        default=1, ge=0, le=1000,
+        description="Fewest replicas the autoscaler keeps; 0 lets an idle model scale to zero (needs "
+                    "scaleToZeroAfterSeconds), and the gateway holds a request for it while a replica starts.",
+    )
     max_replicas: int = Field(default=4, ge=1, le=1000, description="Most replicas the autoscaler starts.")
     target_kv_cache_usage: float = Field(
         default=0.7, gt=0, le=1, alias="targetKVCacheUsage",
@@ -226,16 +239,33 @@ class AutoscalingSpec(SpecModel):
         default=300, ge=0, le=86400,
         description="A scale-down takes the highest recommendation of this window, so brief lulls do not shrink.",
     )
+    scale_to_zero_after_seconds: int | None = Field(
+        default=None, ge=1, le=604800,
+        description="With minReplicas 0: scale to zero after this long without a request at the gateway and none "
+                    "in flight.",
+    )
 
     model_config = {
-        "json_schema_extra": {"x-kubernetes-validations": [cel("self.minReplicas <= self.maxReplicas", MSG_MIN_MAX)]}
+        "json_schema_extra": {"x-kubernetes-validations": [
+            cel("self.minReplicas <= self.maxReplicas", MSG_MIN_MAX),
+            cel("self.minReplicas > 0 || has(self.scaleToZeroAfterSeconds)", MSG_ZERO_NEEDS_IDLE),
+            cel("self.minReplicas == 0 || !has(self.scaleToZeroAfterSeconds)", MSG_IDLE_NEEDS_ZERO),
+        ]}
     }
 
     @model_validator(mode="after")
     def _ordered(self) -> "AutoscalingSpec":
         if self.min_replicas > self.max_replicas:
             raise ValueError(MSG_MIN_MAX)
+        if self.min_replicas == 0 and self.scale_to_zero_after_seconds is None:
+            raise ValueError(MSG_ZERO_NEEDS_IDLE)
+        if self.min_replicas > 0 and self.scale_to_zero_after_seconds is not None:
+            raise ValueError(MSG_IDLE_NEEDS_ZERO)
         return self
+
+    @property
+    def scales_to_zero(self) -> bool:
+        return self.min_replicas == 0
 
 
 def _zero(value: int | str) -> bool:
@@ -290,8 +320,9 @@ class InferenceModelSpec(SpecModel):
         json_schema_extra={"default": Capabilities().wire()},
     )
     replicas: int = Field(
-        default=1, ge=1, le=1000,
-        description="Runtime pods to run; the autoscaler sets it when autoscaling is configured (`kubectl scale` works too).",
+        default=1, ge=0, le=1000,
+        description="Runtime pods to run; the autoscaler sets it when autoscaling is configured (`kubectl scale` works "
+                    "too); 0 only with autoscaling.minReplicas 0.",
     )
     autoscaling: AutoscalingSpec | None = Field(
         default=None, description="Scale on KV-cache usage and queued requests; fixed replicas when unset."
@@ -309,7 +340,9 @@ class InferenceModelSpec(SpecModel):
     model_config = {
         "json_schema_extra": {
             "x-kubernetes-validations": [
-                cel("self.tensorParallelSize <= 1 || self.resources.gpus >= self.tensorParallelSize", MSG_TP_GPUS)
+                cel("self.tensorParallelSize <= 1 || self.resources.gpus >= self.tensorParallelSize", MSG_TP_GPUS),
+                cel("self.replicas > 0 || (has(self.autoscaling) && self.autoscaling.minReplicas == 0)",
+                    MSG_ZERO_REPLICAS),
             ]
         }
     }
@@ -321,6 +354,8 @@ class InferenceModelSpec(SpecModel):
     def _enough_gpus(self) -> "InferenceModelSpec":
         if self.tensor_parallel_size > 1 and self.resources.gpus < self.tensor_parallel_size:
             raise ValueError(MSG_TP_GPUS)
+        if self.replicas == 0 and (self.autoscaling is None or not self.autoscaling.scales_to_zero):
+            raise ValueError(MSG_ZERO_REPLICAS)
         return self
 
 
@@ -350,6 +385,11 @@ class InferenceModelStatus(StatusModel):
     endpoints: int | None = Field(default=None, description="Ready endpoints published in the routing table.")
     selector: str | None = Field(default=None, description="Label selector of the pods, for the scale subresource.")
     autoscaler: AutoscalerDecision | None = Field(default=None, description="The autoscaler's last decision.")
+    last_cold_start_seconds: float | None = Field(
+        default=None,
+        description="The last scale from zero: seconds from the first request held for the model to its first "
+                    "ready endpoint.",
+    )
 
 
 InferenceModel = Kind(
