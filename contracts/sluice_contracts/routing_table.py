@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .engines import DEFAULT_ENGINE, Engine
 from .model_tasks import DEFAULT_TASKS, Task
 
 Affinity = Literal["prefix", "session", "none"]
@@ -39,6 +40,8 @@ class Backend(_Wire):
     weight: int = Field(default=1, ge=0, description="Relative share of the route's traffic.")
     endpoints: tuple[str, ...] = Field(default=(), description="Ready endpoints; empty while none is ready.")
     capabilities: Capabilities = Capabilities()
+    engine: Engine = Field(default=DEFAULT_ENGINE, description="The server behind the endpoints (sluice_contracts."
+                                                               "engines): how the gateway reads their load.")
 
     @field_validator("endpoints")
     @classmethod

@@ -6,7 +6,7 @@ write the outputs back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from sluice_contracts.routing_table import Backend, Capabilities, Route, RoutingTable
 
@@ -43,6 +43,7 @@ def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mappin
             vision=spec.capabilities.vision,
             tasks=tuple(spec.capabilities.tasks),
         ),
+        engine=spec.runtime.engine,
     )
 
 
@@ -92,6 +93,12 @@ def compile_routes(
     compiled = RoutingTable(generation=0, routes=dict(sorted(table.items())))
     generation = _next_generation(previous, compiled)
     return Compiled(compiled.model_copy(update={"generation": generation}), verdicts)
+
+
+def backends_column(spec: dict[str, Any]) -> str:
+    """`kubectl get mr`'s Backends column: each InferenceModel with its weight, e.g. smollm2=90,smollm2-canary=10."""
+    backends = spec.get("backends") if isinstance(spec, dict) else None
+    return ",".join(f"{b.get('inferenceModel')}={b.get('weight', 1)}" for b in backends or [] if isinstance(b, dict))
 
 
 def _verdict(backends: tuple[Backend, ...], missing: list[str], unknown_fallbacks: list[str]) -> RouteVerdict:

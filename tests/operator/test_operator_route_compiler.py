@@ -96,3 +96,21 @@ def test_generation_moves_only_when_the_routes_change():
     assert same.generation == 1 and same.to_json() == first.to_json()
     moved = compile_routes(models, {}, {"v1": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]}, previous=same).table
     assert moved.generation == 2
+
+
+def test_backends_column_lists_each_backend_with_its_weight():
+    from sluice_operator.route_compiler import backends_column
+
+    spec = {"model": "chat", "backends": [{"inferenceModel": "smollm2", "weight": 90},
+                                          {"inferenceModel": "smollm2-canary", "weight": 10},
+                                          {"inferenceModel": "reserve"}]}
+    assert backends_column(spec) == "smollm2=90,smollm2-canary=10,reserve=1"
+    # Whatever an older or broken object holds, the column is text and never an error.
+    for odd in ({}, {"backends": None}, {"backends": "x"}, {"backends": [None, 3]}, None):
+        assert backends_column(odd) == ""
+
+
+def test_routes_carry_each_backends_engine():
+    models = {"a": _model(runtime={"engine": "vllm"}), "b": _model(runtime={"engine": "sglang"}), "c": _model()}
+    table = compile_routes(models, {}, {}).table
+    assert [table.route(n).backends[0].engine for n in "abc"] == ["vllm", "sglang", "sluice"]

@@ -1,4 +1,5 @@
 """Pure functions: an InferenceModel spec in, Kubernetes manifests out."""
+from collections.abc import Mapping
 from typing import Any
 
 from ..crd import InferenceModelSpec
@@ -14,10 +15,11 @@ from .service import build_service
 from .status import Observed, model_status
 
 
-def build_all(owner: Owner, spec: InferenceModelSpec, release: Release | None = None) -> list[dict[str, Any]]:
+def build_all(owner: Owner, spec: InferenceModelSpec, release: Release | None = None,
+              images: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Every object an InferenceModel owns, in the order they are applied."""
     credential = release.credential_secret if release is not None else None
-    return [build_service(owner), build_disruption_budget(owner), build_deployment(owner, spec, credential)]
+    return [build_service(owner), build_disruption_budget(owner), build_deployment(owner, spec, credential, images)]
 
 
 __all__ = [

@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from sluice_contracts import runtime_credential
 
-from ..crd import RUNTIME_PORT, InferenceModelSpec
+from ..crd import ENGINE_IMAGES, RUNTIME_PORT, InferenceModelSpec
+from .engine_command import EngineCommand
+from .model_mount import ModelMount, model_mount
 from .names import GENERATION_ANNOTATION, Owner, labels, selector_labels
 from .pod_security import container_security_context, pod_security_context, writable_env, writable_volumes
-from .runtime_args import model_mount, runtime_args
+from .sglang_args import sglang_command
+from .sluice_args import sluice_command
+from .vllm_args import vllm_command
 
 CONTAINER = "runtime"
 PROBE_PERIOD_SECONDS = 10
@@ -60,23 +65,42 @@ def _credential_volume(secret: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return volume, {"name": "runtime-credential", "mountPath": runtime_credential.MOUNT_DIR, "readOnly": True}
 
 
-def _container(spec: InferenceModelSpec, args: list[str], env: list[dict[str, Any]],
+def engine_image(spec: InferenceModelSpec, images: Mapping[str, str] | None = None) -> str:
+    """The spec's image, else the release's for its engine (chart values), else the pinned default."""
+    return spec.runtime.image or (images or {}).get(spec.runtime.engine) or ENGINE_IMAGES[spec.runtime.engine]
+
+
+def _engine_command(name: str, spec: InferenceModelSpec, mount: ModelMount,
+                    credential_secret: str | None) -> EngineCommand:
+    engine = spec.runtime.engine
+    if engine == "vllm":
+        command = vllm_command(name, spec, mount, credential_secret)
+    elif engine == "sglang":
+        command = sglang_command(name, spec, mount, credential_secret)
+    else:
+        command = sluice_command(name, spec, mount, drain_seconds(spec), credential_secret)
+    command.env = mount.env + command.env
+    return command
+
+
+def _container(spec: InferenceModelSpec, image: str, command: EngineCommand, env: list[dict[str, Any]],
                mounts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "name": CONTAINER,
-        "image": spec.runtime.image,
+        "image": image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
-        "command": ["sluice-runtime"],
-        "args": args,
+        "command": command.command,
+        "args": command.args,
         "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
         "env": env,
         "resources": _resources(spec),
         "volumeMounts": mounts,
         "startupProbe": _probe(
-            "/ready", PROBE_PERIOD_SECONDS, math.ceil(spec.runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS)
+            command.ready_path, PROBE_PERIOD_SECONDS,
+            math.ceil(spec.runtime.startup_timeout_seconds / PROBE_PERIOD_SECONDS),
         ),
-        "readinessProbe": _probe("/ready", 5, 2),
-        "livenessProbe": _probe("/health", PROBE_PERIOD_SECONDS, 3, timeout=5),
+        "readinessProbe": _probe(command.ready_path, 5, 2),
+        "livenessProbe": _probe(command.live_path, PROBE_PERIOD_SECONDS, 3, timeout=5),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
         "securityContext": container_security_context(),
     }
@@ -98,18 +122,19 @@ def _pod_spec(spec: InferenceModelSpec, container: dict[str, Any], volumes: list
     return pod_spec
 
 
-def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None = None) -> dict[str, Any]:
-    """`credential_secret`: the release's runtime credential (none: the runtime checks no credential)."""
+def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None = None,
+                     images: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`credential_secret`: the release's runtime credential (none: the runtime checks no credential);
+    `images`: the release's image per engine, where the spec names none."""
     mount = model_mount(spec)
     volumes, mounts = writable_volumes()
     volumes += mount.volumes
     mounts += mount.mounts
-    args = runtime_args(owner.name, spec, mount, drain_seconds(spec))
-    if credential_secret is not None:
+    command = _engine_command(owner.name, spec, mount, credential_secret)
+    if command.credential_file:
         volume, volume_mount = _credential_volume(credential_secret)
         volumes.append(volume)
         mounts.append(volume_mount)
-        args += ["--api-key-file", runtime_credential.MOUNT_PATH]
     if spec.tensor_parallel_size > 1:
         # Tensor-parallel workers exchange activations through shared memory.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -118,9 +143,9 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         *writable_env(),
         {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu))},
-        *mount.env,
+        *command.env,
     ]
-    container = _container(spec, args, env, mounts)
+    container = _container(spec, engine_image(spec, images), command, env, mounts)
     pod_spec = _pod_spec(spec, container, volumes)
     metadata = owner.metadata()
     metadata["annotations"] = {GENERATION_ANNOTATION: str(owner.generation)}

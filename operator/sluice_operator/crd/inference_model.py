@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic.alias_generators import to_snake
 from sluice_contracts import runtime_flags
+from sluice_contracts.engines import Engine
 from sluice_contracts.model_tasks import DEFAULT_TASKS, TASKS, Task
 from sluice_contracts.runtime_flags import BLOCK_SIZES, DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
 
@@ -36,10 +38,29 @@ MSG_ROLLOUT = "rollout.maxSurge and rollout.maxUnavailable cannot both be zero"
 # argparse takes any unambiguous prefix of a flag: '--ap' already names --api-key-file.
 CREDENTIAL_FLAG_PREFIX = "--ap"
 MSG_CREDENTIAL_ARG = (
-    "runtime.args must not set --api-key-file (or an abbreviation of it): the operator gives every runtime pod "
-    "the release's runtime credential"
+    "runtime.args must not set --api-key-file or --api-key (or an abbreviation of them): the operator gives every "
+    "runtime pod the release's runtime credential"
 )
 MSG_TASKS = f"capabilities.tasks must list each task at most once, from {', '.join(TASKS)}"
+# The engines' images, pinned; runtime.image or the chart (operator flag --engine-image) overrides them.
+ENGINE_IMAGES = {
+    "sluice": "ghcr.io/sluice-dev/sluice-runtime:0.1.0",
+    "vllm": "vllm/vllm-openai:v0.11.0",
+    "sglang": "lmsysorg/sglang:v0.5.4",
+}
+# What the sluice engine runs with where the spec leaves a field unset (vLLM and SGLang: their own defaults).
+SLUICE_DTYPE = "float32"
+SLUICE_KV_CACHE_MEMORY = "1Gi"
+# runtime fields (camelCase) an engine has no flag for, with what to use instead; refused at the API server.
+ENGINE_UNSUPPORTED: dict[str, dict[str, str]] = {
+    "sglang": {"kvCacheMemory": "SGLang sizes its KV cache from runtime.gpuMemoryUtilization (--mem-fraction-static)"},
+}
+
+
+def msg_unsupported(engine: str, field_name: str) -> str:
+    return f"runtime.{field_name} is not supported by engine {engine}: {ENGINE_UNSUPPORTED[engine][field_name]}"
+
+
 MSG_NAME = (
     "InferenceModel names must be at most 63 lowercase letters, digits or '-', starting with a letter, "
     "since the Service of the model takes the same name"
@@ -123,7 +144,16 @@ class ModelSource(SpecModel):
 
 
 class RuntimeSpec(SpecModel):
-    image: str = Field(default="ghcr.io/sluice-dev/sluice-runtime:0.1.0", description="Runtime container image.", max_length=512)
+    engine: Engine = Field(
+        default="sluice",
+        description="The inference server of the pods: 'sluice' (Sluice's runtime), 'vllm' (vLLM's OpenAI server) "
+                    "or 'sglang' (SGLang's server). The gateway, limits, canaries and autoscaling work the same.",
+    )
+    image: str | None = Field(
+        default=None, max_length=512,
+        description="Container image; unset: the release's image for the engine (defaults: "
+                    + ", ".join(f"{engine} {image}" for engine, image in ENGINE_IMAGES.items()) + ").",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
@@ -131,17 +161,25 @@ class RuntimeSpec(SpecModel):
                                description="Longest prompt plus output, in tokens.")
     max_num_seqs: int = Field(default=64, ge=MAX_NUM_SEQS.minimum, le=MAX_NUM_SEQS.maximum,
                               description="Most sequences decoded together in one step.")
-    dtype: str = Field(
-        default="float32", json_schema_extra={"enum": list(DTYPES)},
-        description="Weight and activation precision; float32 suits CPUs, bfloat16 most GPUs; auto: bfloat16 "
-                    "where the node's hardware computes it natively, else float32.",
+    dtype: str | None = Field(
+        default=None, json_schema_extra={"enum": list(DTYPES)},
+        description=f"Weight and activation precision; float32 suits CPUs, bfloat16 most GPUs; auto: the engine "
+                    f"chooses (sluice: bfloat16 where the node's hardware computes it natively, else float32). "
+                    f"Unset: {SLUICE_DTYPE} for sluice, the engine's own default for vllm and sglang.",
     )
-    kv_cache_memory: str = Field(
-        default="1Gi", pattern=KV_CACHE_PATTERN, max_length=32,
-        description="Memory reserved for the paged KV cache, in binary units such as 512Mi or 8Gi.",
+    kv_cache_memory: str | None = Field(
+        default=None, pattern=KV_CACHE_PATTERN, max_length=32,
+        description=f"Memory reserved for the paged KV cache, in binary units such as 512Mi or 8Gi. Unset: "
+                    f"{SLUICE_KV_CACHE_MEMORY} for sluice, what gpuMemoryUtilization leaves for vllm. "
+                    f"Not for sglang.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1,
+        description="GPU pods: the share of each GPU for weights, activations and KV cache; unset: the engine's "
+                    "default (vllm, sluice 0.9).",
     )
     block_size: int = Field(default=16, json_schema_extra={"enum": list(BLOCK_SIZES)},
-                            description="Tokens per KV-cache block, a power of two.")
+                            description="Tokens per KV-cache block (sglang: its page size), a power of two.")
     prefix_caching: bool = Field(default=True, description="Reuse KV-cache blocks of shared prompt prefixes.")
     startup_timeout_seconds: int = Field(
         default=600, ge=30, le=7200,
@@ -149,7 +187,8 @@ class RuntimeSpec(SpecModel):
     )
     args: list[str] = Field(
         default_factory=list, max_length=64,
-        description="Extra command-line arguments appended to `sluice-runtime serve`.",
+        description="Extra command-line arguments appended to the engine's own (`sluice-runtime serve`, "
+                    "`vllm serve`, `python3 -m sglang.launch_server`).",
         json_schema_extra={
             "items": {"type": "string", "maxLength": 1024},
             "x-kubernetes-validations": [cel(f"self.all(a, !a.startsWith('{CREDENTIAL_FLAG_PREFIX}'))",
@@ -157,11 +196,27 @@ class RuntimeSpec(SpecModel):
         },
     )
 
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel(f"self.engine != '{engine}' || !has(self.{field_name})", msg_unsupported(engine, field_name))
+                for engine, fields in ENGINE_UNSUPPORTED.items() for field_name in fields
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _supported_by_engine(self) -> "RuntimeSpec":
+        for field_name in ENGINE_UNSUPPORTED.get(self.engine, {}):
+            if getattr(self, to_snake(field_name)) is not None:
+                raise ValueError(msg_unsupported(self.engine, field_name))
+        return self
+
     @field_validator(*_RUNTIME_CHOICES)
     @classmethod
     def _a_value_the_runtime_takes(cls, value: object, info: ValidationInfo) -> object:
         choices, message = _RUNTIME_CHOICES[info.field_name]
-        if value not in choices:
+        if value is not None and value not in choices:
             raise ValueError(message(value))
         return value
 

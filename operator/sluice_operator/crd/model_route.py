@@ -76,6 +76,8 @@ class ModelRouteStatus(StatusModel):
     )
     endpoints: int | None = Field(default=None, description="Ready endpoints over all backends.")
     ready_backends: int | None = Field(default=None, description="Backends with at least one ready endpoint.")
+    backends: str | None = Field(default=None, max_length=8192,
+                                 description="Each backend with its weight, e.g. smollm2=90,smollm2-canary=10.")
 
 
 ModelRoute = Kind(
@@ -90,6 +92,7 @@ ModelRoute = Kind(
     ),
     columns=[
         {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+        {"name": "Backends", "type": "string", "jsonPath": ".status.backends"},
         {"name": "Affinity", "type": "string", "jsonPath": ".spec.affinity"},
         {"name": "Endpoints", "type": "integer", "jsonPath": ".status.endpoints"},
     ],

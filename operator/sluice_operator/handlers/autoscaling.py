@@ -23,12 +23,12 @@ log = logging.getLogger(__name__)
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
-async def _observe(pods: list[dict[str, Any]], served: str, current: int) -> Observation:
+async def _observe(pods: list[dict[str, Any]], served: str, engine: str, current: int) -> Observation:
     # A draining pod is still scraped: the scale-down that follows needs to see it.
     scraped = [p for p in pods if ready(p)]
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
-            *(scrape(session, base_url(addresses(p)[0]), served) for p in scraped), return_exceptions=True
+            *(scrape(session, base_url(addresses(p)[0]), served, engine) for p in scraped), return_exceptions=True
         )
     samples, failures = [], []
     for pod, result in zip(scraped, results):
@@ -80,7 +80,7 @@ async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name:
     targets = Targets(auto.min_replicas, auto.max_replicas, auto.target_kv_cache_usage,
                       auto.target_waiting_per_replica, auto.scale_up_window_seconds, auto.scale_down_window_seconds)
     pods = await state.kube.list_pods(namespace, selector_string(name))
-    observation = await _observe(pods, spec.served_name(name), spec.replicas)
+    observation = await _observe(pods, spec.served_name(name), spec.runtime.engine, spec.replicas)
     history = state.histories.setdefault(uid, History())
     decision = decide(targets, observation, history, time.monotonic())
 

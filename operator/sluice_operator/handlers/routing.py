@@ -12,7 +12,7 @@ from ..builders import ROUTING_TABLE, ROUTING_TABLE_KEY, build_routing_table
 from ..crd import LABEL_MODEL, Condition, InferenceModel, InferenceModelSpec, ModelRoute, ModelRouteSpec
 from ..crd.status import merge_conditions
 from ..pods import ready_endpoints
-from ..route_compiler import RouteVerdict, compile_routes
+from ..route_compiler import RouteVerdict, backends_column, compile_routes
 from ..state import OperatorState
 from . import release_objects
 from .model_status import now, request_refresh
@@ -34,7 +34,7 @@ async def _previous(state: OperatorState, namespace: str) -> RoutingTable | None
         return None
 
 
-def _route_status(verdict: RouteVerdict, generation: int, existing: dict[str, Any]) -> dict[str, Any]:
+def _route_status(verdict: RouteVerdict, generation: int, existing: dict[str, Any], backends: str) -> dict[str, Any]:
     broken = verdict.reason in ("BackendsMissing", "FallbackMissing", "NameConflict", "InvalidSpec")
     wanted = [
         Condition(type="Ready", status="True" if verdict.ready else "False", reason=verdict.reason,
@@ -51,6 +51,7 @@ def _route_status(verdict: RouteVerdict, generation: int, existing: dict[str, An
         "conditions": merge_conditions(existing.get("conditions") or [], wanted, now()),
         "endpoints": verdict.endpoints,
         "readyBackends": verdict.ready_backends,
+        "backends": backends,
     }
 
 
@@ -84,7 +85,8 @@ async def _publish_verdicts(state: OperatorState, namespace: str, route_objs: li
     for obj in route_objs:
         name = obj["metadata"]["name"]
         existing = obj.get("status") or {}
-        status = _route_status(verdicts[name], obj["metadata"].get("generation", 1), existing)
+        status = _route_status(verdicts[name], obj["metadata"].get("generation", 1), existing,
+                               backends_column(obj.get("spec") or {}))
         if status != existing:
             before = {c.get("type"): c.get("reason") for c in existing.get("conditions") or []}
             if before.get("Ready") != verdicts[name].reason:
