@@ -6,7 +6,11 @@ out of rotation instead of being scored on guessed numbers.
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
+
+from .runtime_flags import MAX_LORAS
 
 
 class _Document(BaseModel):
@@ -38,3 +42,7 @@ class LoadReport(_Document):
     prefix_cache: PrefixCacheStats | None = None
     in_flight: int | None = Field(default=None, ge=0, description="HTTP generation requests being served.")
     draining: bool | None = Field(default=None, description="True once the runtime stopped taking new requests.")
+    # The gateway sends an adapter's requests to a replica that has it resident when one has room.
+    loaded_adapters: tuple[Annotated[str, Field(min_length=1, max_length=253)], ...] | None = Field(
+        default=None, max_length=MAX_LORAS.maximum, description="LoRA adapters resident in the engine now (the rest wait in CPU memory).",
+    )

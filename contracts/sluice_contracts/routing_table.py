@@ -5,7 +5,9 @@ document back. Field names on the wire are camelCase (`servedModelName`, `maxMod
 code may use either spelling.
 
 Every backend is also reachable under its own name (the InferenceModel) as an implicit route with one backend;
-`RoutingTable.route(name)` resolves both, so the operator does not need to emit those routes.
+`RoutingTable.route(name)` resolves both, so the operator does not need to emit those routes. A backend that
+serves a LoRA adapter of its InferenceModel names it in `adapter`: its public name is the adapter's, and its
+endpoints are the model's replicas that have the adapter loaded.
 """
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ class Capabilities(_Wire):
 class Backend(_Wire):
     name: str = Field(min_length=1, description="The InferenceModel serving this backend.")
     served_model_name: str = Field(min_length=1, description="The model name the runtime answers to.")
+    adapter: str | None = Field(
+        default=None, min_length=1,
+        description="The InferenceModel's LoRA adapter this backend serves (its served model name); None: the base.",
+    )
     weight: int = Field(default=1, ge=0, description="Relative share of the route's traffic.")
     endpoints: tuple[str, ...] = Field(default=(), description="Ready endpoints; empty while none is ready.")
     capabilities: Capabilities = Capabilities()
@@ -56,6 +62,11 @@ class Backend(_Wire):
             raise ValueError("endpoints must be unique within a backend")
         return tuple(cleaned)
 
+    @property
+    def public_name(self) -> str:
+        """The name a client sends for this backend alone: the adapter's, else the InferenceModel's."""
+        return self.adapter or self.name
+
 
 class Route(_Wire):
     affinity: Affinity = "none"
@@ -64,9 +75,9 @@ class Route(_Wire):
 
     @model_validator(mode="after")
     def _weights_and_names(self) -> "Route":
-        names = [b.name for b in self.backends]
+        names = [b.public_name for b in self.backends]
         if len(set(names)) != len(names):
-            raise ValueError(f"backend names must be unique within a route, got {names}")
+            raise ValueError(f"backends (InferenceModel, or its adapter) must be unique within a route, got {names}")
         if sum(b.weight for b in self.backends) <= 0:
             raise ValueError("at least one backend needs a weight above 0")
         return self
@@ -85,7 +96,7 @@ class RoutingTable(_Wire):
         for route in self.routes.values():
             for backend in route.backends:
                 implicit.setdefault(
-                    backend.name,
+                    backend.public_name,
                     Route(backends=(backend.model_copy(update={"weight": 1}),), affinity=route.affinity),
                 )
         self._resolved = {**implicit, **self.routes}

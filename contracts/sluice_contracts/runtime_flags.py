@@ -37,6 +37,9 @@ class IntRange:
 MAX_MODEL_LEN = IntRange("max model len", 16, 1 << 20)
 MAX_NUM_SEQS = IntRange("max num seqs", 1, 4096)
 TENSOR_PARALLEL_SIZE = IntRange("tensor parallel size", 1, 64)
+# LoRA: adapters resident in the engine at once (others wait in CPU memory), and the largest rank it takes.
+MAX_LORAS = IntRange("max loras", 1, 256)
+MAX_LORA_RANK = IntRange("max lora rank", 1, 512)
 
 
 def is_block_size(value: object) -> bool:

@@ -42,3 +42,13 @@ def test_the_three_load_figures_are_enough_and_unknown_fields_are_ignored():
 def test_anything_else_is_a_value_error(body):
     with pytest.raises(ValueError):
         LoadReport.model_validate_json(body)
+
+
+def test_loaded_adapters_read_back_and_odd_lists_are_refused():
+    report = LoadReport.model_validate_json('{%s, "loaded_adapters": ["sql-v1", "tone"]}' % CORE)
+    assert report.loaded_adapters == ("sql-v1", "tone")
+    assert LoadReport.model_validate_json('{%s}' % CORE).loaded_adapters is None
+    too_many = ", ".join(f'"a{i}"' for i in range(257))
+    for odd in ('"sql-v1"', '[1]', '[""]', '[null]', '{"sql-v1": true}', f'[{too_many}]'):
+        with pytest.raises(ValueError):
+            LoadReport.model_validate_json('{%s, "loaded_adapters": %s}' % (CORE, odd))

@@ -207,6 +207,14 @@ def test_invalid_name_is_refused(setup):
     assert "the Service of the model takes the same name" in result.stderr
 
 
+def test_an_adapter_named_like_its_model_is_refused(setup):
+    api, _ = setup
+    doc = {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "base"},
+           "spec": {"model": {"source": "smollm2"}, "adapters": [{"name": "base", "source": "file:///a"}]}}
+    result = api.run("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert "an adapter cannot take the name of its InferenceModel" in result.stderr
+
+
 def test_sample_becomes_deployment_service_and_budget(samples):
     api = samples
     model = api.get("im", "smollm2")

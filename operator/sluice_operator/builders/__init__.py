@@ -3,7 +3,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..crd import InferenceModelSpec
-from .deployment import build_deployment
+from .deployment import build_deployment, build_deployment_for
 from .disruption_budget import build_disruption_budget
 from .names import (GENERATION_ANNOTATION, LABEL_MODEL, Owner, labels, managed_labels, model_owner_references,
                     selector_labels, selector_string)
@@ -16,16 +16,18 @@ from .status import Observed, model_status
 
 
 def build_all(owner: Owner, spec: InferenceModelSpec, release: Release | None = None,
-              images: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Every object an InferenceModel owns, in the order they are applied."""
+              images: Mapping[str, str] | None = None,
+              deployment: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every object an InferenceModel owns, in the order they are applied; `deployment`: the one that exists."""
     credential = release.credential_secret if release is not None else None
-    return [build_service(owner), build_disruption_budget(owner), build_deployment(owner, spec, credential, images)]
+    return [build_service(owner), build_disruption_budget(owner),
+            build_deployment_for(owner, spec, credential, deployment, images)]
 
 
 __all__ = [
     "GENERATION_ANNOTATION", "LABEL_MODEL", "NetworkPeers", "Observed", "Owner", "ROUTING_TABLE", "ROUTING_TABLE_KEY",
     "Release", "model_status", "build_all", "build_credential_copy", "build_credential_source", "build_deployment",
-    "build_disruption_budget", "build_routing_table", "build_runtime_network_policy", "conflict_message",
+    "build_deployment_for", "build_disruption_budget", "build_routing_table", "build_runtime_network_policy", "conflict_message",
     "controlled_by", "foreign", "build_service", "labels", "managed_labels", "model_owner_references",
     "read_credential", "selector_labels", "selector_string",
 ]

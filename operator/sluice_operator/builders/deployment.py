@@ -9,6 +9,9 @@ from typing import Any
 from sluice_contracts import runtime_credential
 
 from ..crd import ENGINE_IMAGES, RUNTIME_PORT, InferenceModelSpec
+from ..crd.adapters import Adapter
+from .adapters import (START_ADAPTERS_ANNOTATION, TEMPLATE_DIGEST_ANNOTATION, adapter_volumes, encode_start, lora_command,
+                       pinned_start, recorded_digest, template_digest)
 from .engine_command import EngineCommand
 from .model_mount import ModelMount, model_mount
 from .names import GENERATION_ANNOTATION, Owner, labels, selector_labels
@@ -123,14 +126,20 @@ def _pod_spec(spec: InferenceModelSpec, container: dict[str, Any], volumes: list
 
 
 def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None = None,
-                     images: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     images: Mapping[str, str] | None = None, start: list[Adapter] | None = None) -> dict[str, Any]:
     """`credential_secret`: the release's runtime credential (none: the runtime checks no credential);
-    `images`: the release's image per engine, where the spec names none."""
+    `images`: the release's image per engine, where the spec names none; `start`: the adapters the pods start
+    with (the spec's when None)."""
+    start = list(spec.adapters or []) if start is None else start
     mount = model_mount(spec)
     volumes, mounts = writable_volumes()
     volumes += mount.volumes
     mounts += mount.mounts
+    claim_volumes, claim_mounts = adapter_volumes([*start, *(spec.adapters or [])])
+    volumes += claim_volumes
+    mounts += claim_mounts
     command = _engine_command(owner.name, spec, mount, credential_secret)
+    lora_command(spec, start, command)
     if command.credential_file:
         volume, volume_mount = _credential_volume(credential_secret)
         volumes.append(volume)
@@ -147,8 +156,24 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
     ]
     container = _container(spec, engine_image(spec, images), command, env, mounts)
     pod_spec = _pod_spec(spec, container, volumes)
+    template = {
+        "metadata": {
+            # Ours last: a user label cannot detach the pods from their selector.
+            "labels": {**spec.pod_labels, **labels(owner.name)},
+            "annotations": {
+                **spec.pod_annotations,
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(RUNTIME_PORT),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": pod_spec,
+    }
     metadata = owner.metadata()
-    metadata["annotations"] = {GENERATION_ANNOTATION: str(owner.generation)}
+    metadata["annotations"] = {GENERATION_ANNOTATION: str(owner.generation),
+                               TEMPLATE_DIGEST_ANNOTATION: template_digest(template)}
+    if spec.adapters is not None:
+        metadata["annotations"][START_ADAPTERS_ANNOTATION] = encode_start(start)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -161,18 +186,19 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable},
             },
-            "template": {
-                "metadata": {
-                    # Ours last: a user label cannot detach the pods from their selector.
-                    "labels": {**spec.pod_labels, **labels(owner.name)},
-                    "annotations": {
-                        **spec.pod_annotations,
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(RUNTIME_PORT),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     }
+
+
+def build_deployment_for(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None,
+                         existing: dict[str, Any] | None, images: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The Deployment to apply over `existing`: when only the adapter list changed, the same template (pinned
+    start list, no rollout: the running pods load and unload adapters through the runtime's API); else a
+    template that starts with the spec's list."""
+    pinned = pinned_start(existing)
+    if pinned is not None and spec.adapters is not None:
+        kept = build_deployment(owner, spec, credential_secret, images, start=pinned)
+        if recorded_digest(kept) == recorded_digest(existing):
+            return kept
+    return build_deployment(owner, spec, credential_secret, images)

@@ -10,8 +10,11 @@ from pydantic.alias_generators import to_snake
 from sluice_contracts import runtime_flags
 from sluice_contracts.engines import Engine
 from sluice_contracts.model_tasks import DEFAULT_TASKS, TASKS, Task
-from sluice_contracts.runtime_flags import BLOCK_SIZES, DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
+from sluice_contracts.runtime_flags import (BLOCK_SIZES, DTYPES, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, MAX_NUM_SEQS,
+                                           TENSOR_PARALLEL_SIZE)
 
+from .adapters import (MSG_ADAPTER_COUNT, MSG_ADAPTER_ENGINE, MSG_ADAPTER_RANK, MSG_ADAPTER_SERVED_NAME, Adapter,
+                       AdapterStatus)
 from .base import IntOrPercent, Kind, Quantity, SpecModel, StatusModel, cel
 from .status import Condition, conditions_schema_extra
 
@@ -181,6 +184,14 @@ class RuntimeSpec(SpecModel):
     block_size: int = Field(default=16, json_schema_extra={"enum": list(BLOCK_SIZES)},
                             description="Tokens per KV-cache block (sglang: its page size), a power of two.")
     prefix_caching: bool = Field(default=True, description="Reuse KV-cache blocks of shared prompt prefixes.")
+    max_loras: int = Field(
+        default=4, ge=MAX_LORAS.minimum, le=MAX_LORAS.maximum,
+        description="With adapters: LoRA adapters resident in the engine at once, and the most `adapters` may list.",
+    )
+    max_lora_rank: int = Field(
+        default=16, ge=MAX_LORA_RANK.minimum, le=MAX_LORA_RANK.maximum,
+        description="With adapters: the largest LoRA rank the runtime takes (it sizes the adapters' slots).",
+    )
     startup_timeout_seconds: int = Field(
         default=600, ge=30, le=7200,
         description="How long a pod may take to load the model and warm up before it is restarted.",
@@ -391,6 +402,15 @@ class InferenceModelSpec(SpecModel):
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec, description="How a spec change replaces pods.", json_schema_extra={"default": RolloutSpec().wire()}
     )
+    adapters: list[Adapter] | None = Field(
+        default=None, max_length=MAX_LORAS.maximum,
+        description=(
+            "LoRA adapters of the model, each served under its own name. Setting this field (an empty list too) "
+            "starts the runtime with LoRA on; later changes to the list are loaded and unloaded on the running "
+            "replicas, without restarting them."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
 
     model_config = {
         "json_schema_extra": {
@@ -398,6 +418,11 @@ class InferenceModelSpec(SpecModel):
                 cel("self.tensorParallelSize <= 1 || self.resources.gpus >= self.tensorParallelSize", MSG_TP_GPUS),
                 cel("self.replicas > 0 || (has(self.autoscaling) && self.autoscaling.minReplicas == 0)",
                     MSG_ZERO_REPLICAS),
+                cel("!has(self.adapters) || self.adapters.size() <= self.runtime.maxLoras", MSG_ADAPTER_COUNT,
+                    ".adapters"),
+                cel("!has(self.adapters) || self.adapters.all(a, !has(a.rank) || a.rank <= self.runtime.maxLoraRank)",
+                    MSG_ADAPTER_RANK, ".adapters"),
+                cel("!has(self.adapters) || self.runtime.engine != 'sglang'", MSG_ADAPTER_ENGINE, ".adapters"),
             ]
         }
     }
@@ -411,6 +436,22 @@ class InferenceModelSpec(SpecModel):
             raise ValueError(MSG_TP_GPUS)
         if self.replicas == 0 and (self.autoscaling is None or not self.autoscaling.scales_to_zero):
             raise ValueError(MSG_ZERO_REPLICAS)
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_fit(self) -> "InferenceModelSpec":
+        adapters = self.adapters or []
+        names = [a.name for a in adapters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"adapters: each name may appear once, got {names}")
+        if len(adapters) > self.runtime.max_loras:
+            raise ValueError(MSG_ADAPTER_COUNT)
+        if any(a.rank is not None and a.rank > self.runtime.max_lora_rank for a in adapters):
+            raise ValueError(MSG_ADAPTER_RANK)
+        if self.served_model_name is not None and self.served_model_name in names:
+            raise ValueError(MSG_ADAPTER_SERVED_NAME)
+        if self.adapters is not None and self.runtime.engine == "sglang":
+            raise ValueError(MSG_ADAPTER_ENGINE)
         return self
 
 
@@ -445,6 +486,13 @@ class InferenceModelStatus(StatusModel):
         description="The last scale from zero: seconds from the first request held for the model to its first "
                     "ready endpoint.",
     )
+    adapters: list[AdapterStatus] | None = Field(
+        default=None, description="Each declared LoRA adapter and its state on each serving replica.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    adapters_ready: int | None = Field(
+        default=None, description="Declared adapters loaded on every serving replica (and so on each endpoint).",
+    )
 
 
 InferenceModel = Kind(
@@ -462,9 +510,13 @@ InferenceModel = Kind(
         {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Endpoints", "type": "integer", "jsonPath": ".status.endpoints"},
+        {"name": "Adapters", "type": "integer", "jsonPath": ".status.adaptersReady"},
     ],
     root_rules=[
-        cel("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", MSG_NAME)
+        cel("self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')", MSG_NAME),
+        cel("!has(self.spec.adapters) || self.spec.adapters.all(a, a.name != self.metadata.name && "
+            "(!has(self.spec.servedModelName) || a.name != self.spec.servedModelName))",
+            MSG_ADAPTER_SERVED_NAME),
     ],
     scale={
         "specReplicasPath": ".spec.replicas",

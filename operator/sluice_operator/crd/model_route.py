@@ -5,18 +5,23 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from .adapters import ADAPTER_NAME
 from .base import Kind, SpecModel, StatusModel, cel
 from .status import Condition, conditions_schema_extra
 
 MSG_WEIGHTS = "at least one backend needs a weight above 0"
 MSG_SELF_FALLBACK = "a route cannot list its own model among its fallbacks"
-MSG_DUPLICATE_BACKEND = "each InferenceModel may appear only once in backends"
+MSG_DUPLICATE_BACKEND = "each InferenceModel (or each adapter of one) may appear only once in backends"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$"
 
 
 class Backend(SpecModel):
     inference_model: str = Field(
         description="Name of an InferenceModel in the route's namespace.", min_length=1, max_length=253
+    )
+    adapter: str = Field(
+        default="", max_length=63, pattern=ADAPTER_NAME.replace("^", "^$|^", 1),
+        description="One of the InferenceModel's adapters, to serve it rather than the base model (empty: the base).",
     )
     weight: int = Field(
         default=1, ge=0, le=1000,
@@ -31,7 +36,7 @@ class ModelRouteSpec(SpecModel):
     )
     backends: list[Backend] = Field(
         min_length=1, max_length=16, description="InferenceModels that serve this name, with their weights.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["inferenceModel"]},
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["inferenceModel", "adapter"]},
     )
     fallbacks: list[str] = Field(
         default_factory=list, max_length=8,
@@ -63,7 +68,7 @@ class ModelRouteSpec(SpecModel):
             raise ValueError(MSG_WEIGHTS)
         if self.model in self.fallbacks:
             raise ValueError(MSG_SELF_FALLBACK)
-        names = [b.inference_model for b in self.backends]
+        names = [(b.inference_model, b.adapter) for b in self.backends]
         if len(set(names)) != len(names):
             raise ValueError(MSG_DUPLICATE_BACKEND)
         return self

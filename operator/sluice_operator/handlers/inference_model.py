@@ -56,8 +56,10 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
         raise kopf.TemporaryError("waiting for the runtime credential", delay=2)
     in_the_way = await release_objects.sync(state, namespace, await state.kube.list_custom(InferenceModel.plural, namespace),
                                             always=True)
-    manifests = build_all(owner, spec, state.release)
-    existing = [await state.kube.read(m["kind"], namespace, name) for m in manifests]
+    deployment = await state.kube.read("Deployment", namespace, name)
+    manifests = build_all(owner, spec, state.release, deployment=deployment)
+    existing = [deployment if m["kind"] == "Deployment" else await state.kube.read(m["kind"], namespace, name)
+                for m in manifests]
     in_the_way += foreign(manifests, existing, owner.uid)
     if in_the_way:
         message = conflict_message(in_the_way)
