@@ -56,6 +56,7 @@ class LoadPoller:
             return
         response.release()
         endpoint.waiting, endpoint.running, endpoint.kv_cache_usage = report.waiting, report.running, report.kv_cache_usage
+        endpoint.loaded_adapters = frozenset(report.loaded_adapters or ())
         if not endpoint.healthy:
             log.info("endpoint %s is healthy again", endpoint.url)
         endpoint.healthy = True

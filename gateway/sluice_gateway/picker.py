@@ -3,7 +3,9 @@
 Backends are chosen by weight (canary), optionally sticky per session. Within a backend an endpoint is
 chosen by load (last polled `/load` plus this replica's own in-flight count), by consistent hashing with
 bounded load over a prompt-prefix hash (prefix affinity: the same prefix lands where its KV blocks are
-cached, unless that endpoint is overloaded), or by a session hash (session affinity). Nothing is kept per
+cached, unless that endpoint is overloaded), or by a session hash (session affinity). A LoRA adapter's request
+goes among the endpoints that have the adapter resident (polled `/load`) and room for it (nothing queued),
+when there are such, else to the least loaded endpoint, which swaps the adapter in. Nothing is kept per
 prefix or per session: state is per endpoint and per backend, both bounded by the routing table.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ class EndpointState:
     failures: int = 0
     ejected_until: float = 0.0
     polled_at: float = 0.0
+    loaded_adapters: frozenset[str] = frozenset()  # LoRA adapters resident in the engine, as last polled
 
     def available(self, now: float) -> bool:
         return self.healthy and self.ejected_until <= now
@@ -161,6 +164,14 @@ class Picker:
             ]
             if not candidates:
                 return
+            if backend.adapter is not None:
+                warm = [s for s in candidates if backend.adapter in s.loaded_adapters and s.waiting == 0]
+                if not warm:
+                    chosen = min(candidates, key=lambda s: (s.score(), random.random()))
+                    tried.add(chosen.url)
+                    yield chosen
+                    continue
+                candidates = warm
             if route.affinity == "prefix" and prefix:
                 chosen = self._by_ring(backend, candidates, stable_hash(prefix), bounded=True)
             elif route.affinity == "session" and session:

@@ -49,6 +49,7 @@ def admin_endpoints(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:
     data = [
         {"url": s.url, "available": s.available(now), "healthy": s.healthy, "waiting": s.waiting,
          "running": s.running, "kv_cache_usage": s.kv_cache_usage, "in_flight": s.in_flight,
+         "loaded_adapters": sorted(s.loaded_adapters),
          "ejected_for_s": round(max(s.ejected_until - now, 0.0), 3),
          "polled_s_ago": round(now - s.polled_at, 3) if s.polled_at else None}
         for s in app.picker.endpoints()

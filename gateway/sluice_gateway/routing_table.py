@@ -19,7 +19,9 @@ def reachable(table: RoutingTable, public_name: str, allowed: Callable[[str], bo
     The allow-list (`allowed`) is over public names. Only routes it allows are listed or followed, so a tenant
     allowed one model is never served by another because the first is down. A backend named like an explicit
     route is that model: it is dropped for a tenant who may not use that name, even as another route's canary.
-    A backend with a private name is covered by the route that holds it. A route left with no backend that
+    A backend serving an adapter is named by the adapter (every adapter is a route), so a key that may use the
+    base model reaches none of its adapters it may not use. A backend with a private name is covered by the
+    route that holds it. A route left with no backend that
     takes traffic is skipped (its fallbacks are still followed).
     """
     found: list[tuple[str, Route]] = []
@@ -31,7 +33,7 @@ def reachable(table: RoutingTable, public_name: str, allowed: Callable[[str], bo
             continue
         seen.add(name)
         pending.extend(route.fallbacks)
-        kept = tuple(b for b in route.backends if b.name not in table.routes or allowed(b.name))
+        kept = tuple(b for b in route.backends if b.public_name not in table.routes or allowed(b.public_name))
         if len(kept) < len(route.backends):
             if not any(b.weight > 0 for b in kept):
                 continue

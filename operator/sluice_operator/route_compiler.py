@@ -1,11 +1,15 @@
 """ModelRoutes + InferenceModels + ready endpoints → the gateway's routing table, and each route's verdict.
 
-Pure: the handlers collect the inputs from the API server (the endpoints through `pods.ready_endpoints`) and
-write the outputs back.
+Pure: the handlers collect the inputs from the API server (the endpoints through `pods.ready_endpoints`, the
+adapters each endpoint has loaded from the operator's adapter sync) and write the outputs back.
+
+A model's LoRA adapters are public names of their own: one route each, whose backend lists the model's endpoints
+that have the adapter loaded. A name is served once: a model's own name first, then its adapters (models in name
+order); an adapter whose name is taken is left out, and `Compiled.adapter_conflicts` says why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from sluice_contracts.routing_table import Backend, Capabilities, Route, RoutingTable
@@ -28,14 +32,25 @@ class RouteVerdict:
 class Compiled:
     table: RoutingTable
     verdicts: dict[str, RouteVerdict]
+    adapter_conflicts: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, adapter) → why not routed
 
 
-def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mapping[str, list[str]]) -> Backend:
+# InferenceModel name → endpoint URL → the adapters loaded there.
+Loaded = Mapping[str, Mapping[str, frozenset[str]]]
+
+
+def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mapping[str, list[str]],
+             adapter: str | None = None, loaded: Loaded | None = None) -> Backend:
+    urls = tuple(endpoints.get(name, ()))
+    if adapter is not None:
+        on = (loaded or {}).get(name, {})
+        urls = tuple(url for url in urls if adapter in on.get(url, ()))
     return Backend(
         name=name,
-        served_model_name=spec.served_name(name),
+        served_model_name=adapter or spec.served_name(name),
+        adapter=adapter,
         weight=weight,
-        endpoints=tuple(endpoints.get(name, ())),
+        endpoints=urls,
         capabilities=Capabilities(
             max_model_len=spec.runtime.max_model_len,
             tools=spec.capabilities.tools,
@@ -47,17 +62,35 @@ def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mappin
     )
 
 
+def _declared(spec: InferenceModelSpec) -> list[str]:
+    return [a.name for a in spec.adapters or []]
+
+
 def compile_routes(
     models: Mapping[str, InferenceModelSpec],
     routes: Mapping[str, ModelRouteSpec],
     endpoints: Mapping[str, list[str]],
     previous: RoutingTable | None = None,
+    loaded: Loaded | None = None,
 ) -> Compiled:
-    """Every InferenceModel is routable under its own name; each ModelRoute adds its public name on top."""
+    """Every InferenceModel is routable under its own name, and each of its adapters under the adapter's; each
+    ModelRoute adds its public name on top."""
     table: dict[str, Route] = {
         name: Route(affinity="prefix", backends=(_backend(name, spec, 1, endpoints),))
         for name, spec in sorted(models.items())
     }
+    conflicts: dict[tuple[str, str], str] = {}
+    adapter_owner: dict[str, str] = {}
+    for name, spec in sorted(models.items()):
+        for adapter in _declared(spec):
+            if adapter in table:
+                holder = adapter_owner.get(adapter)
+                conflicts[(name, adapter)] = (f"the name {adapter!r} is already the adapter of InferenceModel {holder!r}"
+                                              if holder else f"the name {adapter!r} is already an InferenceModel's")
+                continue
+            adapter_owner[adapter] = name
+            table[adapter] = Route(affinity="prefix",
+                                   backends=(_backend(name, spec, 1, endpoints, adapter, loaded),))
     verdicts: dict[str, RouteVerdict] = {}
     owners: dict[str, str] = {}
     pending_fallbacks: dict[str, tuple[str, list[str]]] = {}
@@ -68,11 +101,13 @@ def compile_routes(
                 f"public model name {spec.model!r} is already served by ModelRoute {owners[spec.model]!r}", 0, 0,
             )
             continue
-        missing = [b.inference_model for b in spec.backends if b.inference_model not in models]
+        missing = [_backend_label(b) for b in spec.backends
+                   if b.inference_model not in models
+                   or (b.adapter and b.adapter not in _declared(models[b.inference_model]))]
         backends = tuple(
-            _backend(b.inference_model, models[b.inference_model], b.weight, endpoints)
+            _backend(b.inference_model, models[b.inference_model], b.weight, endpoints, b.adapter or None, loaded)
             for b in spec.backends
-            if b.inference_model in models
+            if _backend_label(b) not in missing
         )
         if not backends or sum(b.weight for b in backends) == 0:
             verdicts[route_name] = RouteVerdict(
@@ -92,13 +127,22 @@ def compile_routes(
         verdicts[route_name] = _verdict(route.backends, missing, unknown)
     compiled = RoutingTable(generation=0, routes=dict(sorted(table.items())))
     generation = _next_generation(previous, compiled)
-    return Compiled(compiled.model_copy(update={"generation": generation}), verdicts)
+    return Compiled(compiled.model_copy(update={"generation": generation}), verdicts, conflicts)
+
+
+def _backend_label(backend: Any) -> str:
+    """How messages name a ModelRoute backend: the InferenceModel, or MODEL/ADAPTER."""
+    return f"{backend.inference_model}/{backend.adapter}" if backend.adapter else backend.inference_model
 
 
 def backends_column(spec: dict[str, Any]) -> str:
-    """`kubectl get mr`'s Backends column: each InferenceModel with its weight, e.g. smollm2=90,smollm2-canary=10."""
+    """`kubectl get mr`'s Backends column: each InferenceModel (or MODEL/ADAPTER) with its weight, e.g.
+    smollm2=90,smollm2-canary=10."""
     backends = spec.get("backends") if isinstance(spec, dict) else None
-    return ",".join(f"{b.get('inferenceModel')}={b.get('weight', 1)}" for b in backends or [] if isinstance(b, dict))
+    return ",".join(
+        f"{b.get('inferenceModel')}{'/' + b['adapter'] if b.get('adapter') else ''}={b.get('weight', 1)}"
+        for b in backends or [] if isinstance(b, dict)
+    )
 
 
 def _verdict(backends: tuple[Backend, ...], missing: list[str], unknown_fallbacks: list[str]) -> RouteVerdict:
@@ -106,7 +150,7 @@ def _verdict(backends: tuple[Backend, ...], missing: list[str], unknown_fallback
     ready_backends = sum(1 for b in backends if b.endpoints)
     if missing:
         return RouteVerdict(
-            False, "BackendsMissing", f"InferenceModel not found: {', '.join(missing)}", endpoint_count, ready_backends
+            False, "BackendsMissing", f"InferenceModel (or adapter) not found: {', '.join(missing)}", endpoint_count, ready_backends
         )
     if unknown_fallbacks:
         return RouteVerdict(
