@@ -23,6 +23,14 @@ class PendingDrain:
     replicas: int
 
 
+@dataclass(frozen=True)
+class ModelAdapters:
+    """What the last adapter sync of one InferenceModel found on its serving replicas."""
+
+    loaded: dict[str, frozenset[str]]  # endpoint URL → the declared adapters loaded there
+    replicas: dict[str, dict[str, tuple[str, str]]]  # pod → adapter → (Loaded or Failed, message)
+
+
 @dataclass
 class OperatorState:
     kube: Kube
@@ -39,10 +47,12 @@ class OperatorState:
     release: Release | None = None  # None: no runtime credential (local use)
     credential: str | None = None  # the runtime credential, as its source Secret holds it now
     release_applied: dict[str, str] = field(default_factory=dict)  # namespace → what release_objects applied
+    adapters: dict[Key, ModelAdapters] = field(default_factory=dict)
+    adapter_syncs: Coalescer = field(default_factory=lambda: Coalescer(0.1))
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """A deleted InferenceModel leaves nothing behind in memory either."""
-        for by_key in (self.apply_errors, self.endpoint_counts, self.decisions):
+        for by_key in (self.apply_errors, self.endpoint_counts, self.decisions, self.adapters):
             by_key.pop((namespace, name), None)
         self.histories.pop(uid, None)
         self.drains.pop(uid, None)

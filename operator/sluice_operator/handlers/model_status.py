@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 
 from ..builders import Observed, controlled_by, model_status, selector_string
+from ..builders.adapter_status import adapters_status
 from ..crd import InferenceModel
 from ..pods import unschedulable_message
 from ..state import OperatorState
@@ -35,8 +36,19 @@ async def refresh(state: OperatorState, namespace: str, name: str) -> None:
         status["autoscaler"] = decision
     elif "autoscaler" in existing:
         status["autoscaler"] = existing["autoscaler"]
+    status.update(_adapters(state, namespace, name, model))
     if status != existing:
         await state.kube.patch_status(InferenceModel.plural, namespace, name, status)
+
+
+def _adapters(state: OperatorState, namespace: str, name: str, model: dict) -> dict:
+    """The adapters part of the status; None values remove it (a merge patch) from a model that has none now."""
+    declared = ((model.get("spec") or {}).get("adapters"))
+    if declared is None:
+        return {"adapters": None, "adaptersReady": None} if "adapters" in (model.get("status") or {}) else {}
+    synced = state.adapters.get((namespace, name))
+    names = [a.get("name") for a in declared if isinstance(a, dict) and isinstance(a.get("name"), str)]
+    return adapters_status(names, synced.replicas if synced is not None else {})
 
 
 def request_refresh(state: OperatorState, namespace: str, name: str) -> None:

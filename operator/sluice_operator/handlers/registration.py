@@ -8,7 +8,7 @@ import kopf
 
 from ..crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION, InferenceModel, ModelRoute
 from ..state import OperatorState
-from . import autoscaling, inference_model
+from . import adapters, autoscaling, inference_model
 from .model_status import request_refresh
 from .routing import request_compile
 
@@ -21,6 +21,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     @kopf.on.resume(GROUP, VERSION, InferenceModel.plural, registry=registry)
     async def reconcile_model(body: kopf.Body, reason: Any, **_: Any) -> None:
         await inference_model.reconcile(state, dict(body), str(getattr(reason, "value", reason)))
+        adapters.request_sync(state, body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.on.event(GROUP, VERSION, InferenceModel.plural, registry=registry)
     async def model_changed(type: str, namespace: str, name: str, uid: str, **_: Any) -> None:
@@ -36,6 +37,7 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     async def pod_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
         request_compile(state, namespace)
         request_refresh(state, namespace, labels[LABEL_MODEL])
+        adapters.request_sync(state, namespace, labels[LABEL_MODEL])
 
     @kopf.on.event("apps", "v1", "deployments", labels={**MANAGED, LABEL_MODEL: kopf.PRESENT}, registry=registry)
     async def deployment_changed(namespace: str, labels: kopf.Labels, **_: Any) -> None:
@@ -45,3 +47,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 when=lambda spec, **_: bool(spec.get("autoscaling")), registry=registry)
     async def autoscale(body: kopf.Body, namespace: str, name: str, uid: str, logger: logging.Logger, **_: Any) -> None:
         await autoscaling.tick(state, dict(body), namespace, name, uid)
+
+    @kopf.timer(GROUP, VERSION, InferenceModel.plural, interval=adapters.RESYNC_SECONDS,
+                when=lambda spec, **_: spec.get("adapters") is not None, registry=registry)
+    async def resync_adapters(namespace: str, name: str, **_: Any) -> None:
+        adapters.request_sync(state, namespace, name)

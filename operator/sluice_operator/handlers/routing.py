@@ -123,7 +123,8 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
     endpoints = ready_endpoints(await kube.list_pods(namespace, LABEL_MODEL))
     models, routes, invalid = _specs(model_objs, route_objs)
     previous = await _previous(state, namespace)
-    compiled = compile_routes(models, routes, endpoints, previous)
+    loaded = {name: found.loaded for name in models if (found := state.adapters.get((namespace, name))) is not None}
+    compiled = compile_routes(models, routes, endpoints, previous, loaded)
     table = compiled.table
     if previous is None or table.generation != previous.generation:
         await kube.apply(build_routing_table(namespace, table.generation, table.to_json(), model_objs))
