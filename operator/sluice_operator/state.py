@@ -49,6 +49,7 @@ class OperatorState:
     release_applied: dict[str, str] = field(default_factory=dict)  # namespace → what release_objects applied
     adapters: dict[Key, ModelAdapters] = field(default_factory=dict)
     adapter_syncs: Coalescer = field(default_factory=lambda: Coalescer(0.1))
+    adapter_conflicts: dict[str, set[tuple[str, str]]] = field(default_factory=dict)  # by namespace, warned of
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """A deleted InferenceModel leaves nothing behind in memory either."""

@@ -116,6 +116,7 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
         # gateway mounts the table as an optional volume, so a missing one means no routes there too.
         await kube.delete("ConfigMap", namespace, ROUTING_TABLE)
         state.tables.pop(namespace, None)
+        state.adapter_conflicts.pop(namespace, None)
         state.metrics.forget_namespace(namespace)
         return
     # A fresh LIST, not a kopf index: kopf relists after a 410 Gone or a peering pause without dropping what
@@ -133,6 +134,20 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
     state.metrics.table_generation.labels(namespace).set(table.generation)
     await _publish_verdicts(state, namespace, route_objs, {**compiled.verdicts, **invalid})
     _count_endpoints(state, namespace, list(models), endpoints)
+    _warn_adapter_conflicts(state, namespace, model_objs, compiled.adapter_conflicts)
+
+
+def _warn_adapter_conflicts(state: OperatorState, namespace: str, model_objs: list[dict[str, Any]],
+                            conflicts: dict[tuple[str, str], str]) -> None:
+    """A Warning event on the model whose adapter is left out of the table, once per conflict."""
+    seen = state.adapter_conflicts.setdefault(namespace, set())
+    by_name = {obj["metadata"]["name"]: obj for obj in model_objs}
+    for (model, adapter), message in conflicts.items():
+        if (model, adapter) not in seen and model in by_name:
+            kopf.warn(by_name[model], reason="AdapterNameConflict",
+                      message=f"adapter {adapter} is not routed: {message}; rename it")
+    seen.intersection_update(conflicts)
+    seen.update(conflicts)
 
 
 def request_compile(state: OperatorState, namespace: str) -> None:
