@@ -1,19 +1,32 @@
-"""Active health checks: poll every endpoint's `/load` (sluice_contracts.load_report) on a short interval with a
-bounded timeout; an endpoint whose answer is not a load report is taken out of rotation until it is one again."""
+"""Active health checks: poll every endpoint's load on a short interval with a bounded timeout; an endpoint whose
+answer is not a load report is taken out of rotation until it is one again.
+
+Sluice's runtime answers `/load` (sluice_contracts.load_report). vLLM and SGLang have no `/load`: their
+endpoints (the routing table's backend says which engine serves them) are polled on `/metrics`, whose load
+gauges sluice_contracts.engines names per engine. An endpoint whose `/load` answers 404 is taken for a server
+without one (a hand-written routes file naming no engine) and polled on `/metrics` from then on.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
 
+from sluice_contracts.engines import SERVES_LOAD_DOCUMENT, parse_load
 from sluice_contracts.load_report import LoadReport
 
+from .connection_pool import ConnectionPool, UpstreamError
 from .metrics import GatewayMetrics
 from .picker import EndpointState, Picker
-from .connection_pool import ConnectionPool, UpstreamError
 
 log = logging.getLogger("sluice_gateway.load")
 _MAX_LOAD_BODY = 64 * 1024  # /load is a few hundred bytes; more is not a runtime's answer
+# vLLM's /metrics carries histograms per model, tens to hundreds of KiB; more is not a model server's.
+_MAX_METRICS_BODY = 4 * 1024 * 1024
+
+
+class _NoLoadDocument(Exception):
+    """The endpoint answered /load with 404: it is a server without one."""
 
 
 class LoadPoller:
@@ -38,25 +51,48 @@ class LoadPoller:
         self._labelled = current
 
     async def _poll(self, pool: ConnectionPool, endpoint: EndpointState) -> None:
-        response = None
         try:
             async with asyncio.timeout(self._timeout):
-                response = await pool.request("GET", endpoint.url, "/load")
-                body = await response.read(_MAX_LOAD_BODY)
-            if response.status != 200:
-                raise ValueError(f"/load answered {response.status}")
-            report = LoadReport.model_validate_json(body)
+                if endpoint.engine in SERVES_LOAD_DOCUMENT and not endpoint.no_load_document:
+                    try:
+                        await self._read_load(pool, endpoint)
+                        return self._healthy(endpoint)
+                    except _NoLoadDocument:
+                        log.info("endpoint %s serves no /load; reading its load from /metrics", endpoint.url)
+                        endpoint.no_load_document = True
+                await self._read_metrics(pool, endpoint)
         except (UpstreamError, TimeoutError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-            if response is not None:
-                response.close()
             if endpoint.healthy:
                 log.warning("endpoint %s failed its health check: %s", endpoint.url, exc or type(exc).__name__)
             endpoint.healthy = False
             self._metrics.endpoint_up.labels(endpoint.url).set(0)
             return
-        response.release()
+        self._healthy(endpoint)
+
+    async def _read_load(self, pool: ConnectionPool, endpoint: EndpointState) -> None:
+        status, body = await _get(pool, endpoint.url, "/load", _MAX_LOAD_BODY)
+        if status == 404:
+            raise _NoLoadDocument()
+        if status != 200:
+            raise ValueError(f"/load answered {status}")
+        report = LoadReport.model_validate_json(body)
         endpoint.waiting, endpoint.running, endpoint.kv_cache_usage = report.waiting, report.running, report.kv_cache_usage
         endpoint.loaded_adapters = frozenset(report.loaded_adapters or ())
+
+    async def _read_metrics(self, pool: ConnectionPool, endpoint: EndpointState) -> None:
+        status, body = await _get(pool, endpoint.url, "/metrics", _MAX_METRICS_BODY)
+        if status != 200:
+            raise ValueError(f"/metrics answered {status}")
+        # The metrics of a server the table names no engine for (found by its 404 on /load) are vLLM's names.
+        engine = "vllm" if endpoint.engine in SERVES_LOAD_DOCUMENT else endpoint.engine
+        load = parse_load(body.decode("utf-8", "replace"), engine, endpoint.served_model_name)
+        if min(load.waiting, load.running, load.kv_cache_usage) < 0:
+            raise ValueError("/metrics reports a negative load")
+        # Gauges are floats on the wire; counts are whole requests, and usage is a share of the cache.
+        endpoint.waiting, endpoint.running = round(load.waiting), round(load.running)
+        endpoint.kv_cache_usage = min(load.kv_cache_usage, 1.0)
+
+    def _healthy(self, endpoint: EndpointState) -> None:
         if not endpoint.healthy:
             log.info("endpoint %s is healthy again", endpoint.url)
         endpoint.healthy = True
@@ -65,3 +101,15 @@ class LoadPoller:
         self._metrics.endpoint_load.labels(endpoint.url, "waiting").set(endpoint.waiting)
         self._metrics.endpoint_load.labels(endpoint.url, "running").set(endpoint.running)
         self._metrics.endpoint_load.labels(endpoint.url, "kv_cache_usage").set(endpoint.kv_cache_usage)
+
+
+async def _get(pool: ConnectionPool, url: str, path: str, limit: int) -> tuple[int, bytes]:
+    """Status and body; the connection goes back to the pool only when the body was read whole."""
+    response = await pool.request("GET", url, path)
+    try:
+        body = await response.read(limit)
+    except BaseException:
+        response.close()
+        raise
+    response.release()
+    return response.status, body

@@ -54,7 +54,7 @@ class GatewayMetrics:
     def _declare_state(self, r: CollectorRegistry) -> None:
         """What the gateway serves from: endpoints, files, readiness, the limiter's store."""
         self.endpoint_load = Gauge(
-            "sluice_gateway_endpoint_load", "Endpoint load as last polled from its /load.",
+            "sluice_gateway_endpoint_load", "Endpoint load as last polled from its /load (or /metrics, for engines without one).",
             ["endpoint", "field"], registry=r,
         )
         self.endpoint_up = Gauge(

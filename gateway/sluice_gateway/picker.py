@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from sluice_contracts.engines import DEFAULT_ENGINE
 from sluice_contracts.routing_table import Backend, Route, RoutingTable
 
 from .config import Routing
@@ -33,6 +34,9 @@ def stable_hash(data: bytes) -> int:
 @dataclass(slots=True)
 class EndpointState:
     url: str
+    engine: str = DEFAULT_ENGINE  # which server answers there: how its load is read (load_poller)
+    served_model_name: str = ""  # the model whose /metrics samples count
+    no_load_document: bool = False  # its /load answered 404: polled on /metrics instead
     waiting: int = 0
     running: int = 0
     kv_cache_usage: float = 0.0
@@ -88,12 +92,16 @@ class Picker:
     # -- table and health bookkeeping -------------------------------------------------------------------
     def sync(self, table: RoutingTable) -> None:
         """Track exactly the endpoints of this table: new ones start healthy, removed ones are forgotten."""
-        wanted = table.endpoints()
+        wanted = {url: backend for route in table.routes.values() for backend in route.backends
+                  for url in backend.endpoints}
         for url in list(self._endpoints):
             if url not in wanted:
                 del self._endpoints[url]
-        for url in wanted:
-            self._endpoints.setdefault(url, EndpointState(url))
+        for url, backend in wanted.items():
+            state = self._endpoints.setdefault(url, EndpointState(url))
+            if (state.engine, state.served_model_name) != (backend.engine, backend.served_model_name):
+                state.engine, state.served_model_name = backend.engine, backend.served_model_name
+                state.no_load_document = False
         self._rings = {}
 
     def endpoints(self) -> list[EndpointState]:

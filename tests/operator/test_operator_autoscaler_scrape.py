@@ -43,3 +43,13 @@ async def test_an_unreachable_pod_is_a_metrics_error():
     async with aiohttp.ClientSession() as session:
         with pytest.raises(MetricsError, match="unreachable"):
             await scrape(session, f"http://127.0.0.1:{port}", "smollm2")
+
+
+def test_each_engine_is_read_by_its_own_gauge_names():
+    sglang = ('sglang:num_running_reqs{model_name="chat"} 5\nsglang:num_queue_reqs{model_name="chat"} 7\n'
+              'sglang:token_usage{model_name="chat"} 0.75\n')
+    load = parse_runtime_metrics(sglang, "chat", "sglang")
+    assert (load.running, load.waiting, load.kv_cache_usage) == (5, 7, 0.75)
+    assert parse_runtime_metrics(CAPTURE, "smollm2", "vllm").running == 3
+    with pytest.raises(MetricsError, match="lacks sglang:token_usage"):
+        parse_runtime_metrics(CAPTURE, "smollm2", "sglang")

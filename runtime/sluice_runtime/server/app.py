@@ -221,8 +221,10 @@ def _operational_routes(rt: Runtime) -> list[_Route]:
     async def metrics():
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return [_Route("GET", "/health", health), _Route("GET", "/ready", ready),
-            _Route("GET", "/load", load, LoadReport), _Route("GET", "/metrics", metrics)]
+    routes = [_Route("GET", "/health", health), _Route("GET", "/ready", ready), _Route("GET", "/metrics", metrics)]
+    if rt.settings.load_endpoint:
+        routes.append(_Route("GET", "/load", load, LoadReport))
+    return routes
 
 
 def _card(rt: Runtime, name: str) -> ModelCard:

@@ -26,6 +26,8 @@ class ServerSettings:
     stream_idle_timeout: float = flag(60.0, "seconds a streaming client may read nothing before its request is "
                                             "aborted and its KV blocks freed")
     print_examples: bool = flag(False, "print ready-to-paste curl and Python examples once serving")
+    load_endpoint: bool = flag(True, "serve no GET /load, as vLLM and SGLang do (the gateway then reads /metrics)",
+                               option="--no-load-endpoint")
     # None: every caller is served (the local `make run` case).
     api_key_file: str | None = flag(None, "file holding the runtime credential; when given, every path but "
                                           "/health, /ready, /metrics and /load needs 'Authorization: Bearer "
