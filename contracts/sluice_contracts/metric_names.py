@@ -31,3 +31,8 @@ REQUEST_PREFILL_TIME = "vllm:request_prefill_time_seconds"
 REQUEST_DECODE_TIME = "vllm:request_decode_time_seconds"
 REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
 REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
+
+# Sluice's own, by priority (label PRIORITY_LABEL: the number of sluice_contracts.request_priority).
+PRIORITY_LABEL = "priority"
+REQUESTS_WAITING_BY_PRIORITY = "sluice_runtime_requests_waiting_by_priority"  # gauge: accepted, not started yet
+REQUESTS_SHED = "sluice_runtime_requests_shed"  # counter: refused for a full queue, or dropped from it

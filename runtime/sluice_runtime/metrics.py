@@ -44,6 +44,16 @@ class _EngineStateCollector:
                                  labels=[names.MODEL_LABEL, "block_size", "num_gpu_blocks"])
         info.add_metric([self._model, str(s.block_size), str(s.num_kv_blocks)], 1)
         yield info
+        for family, name, doc, values in (
+            (GaugeMetricFamily, names.REQUESTS_WAITING_BY_PRIORITY, "Requests accepted and not started, by priority.",
+             s.waiting_by_priority),
+            (CounterMetricFamily, names.REQUESTS_SHED, "Requests refused for a full queue or dropped from it for a "
+             "more urgent one, by priority.", s.shed_by_priority),
+        ):
+            metric = family(name, doc, labels=[names.MODEL_LABEL, names.PRIORITY_LABEL])
+            for priority, value in sorted(values.items()):
+                metric.add_metric([self._model, str(priority)], value)
+            yield metric
 
 
 class RuntimeMetrics:

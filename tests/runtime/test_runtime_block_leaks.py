@@ -1,4 +1,5 @@
-"""Property-style: whatever mix of finishes, aborts, forks and preemptions, every block comes back.
+"""Property-style: whatever mix of finishes, aborts, forks and preemptions, every block comes back (and every
+tenant's fairness bookkeeping goes).
 
 Block accounting does not depend on the weights, so this runs on the tests' tiny random-weight
 Llama (SmolLM2's tokenizer) to afford hundreds of requests and thousands of steps.
@@ -30,7 +31,8 @@ def test_random_workload_returns_every_block(seed, tiny_model_dir):
                                     temperature=rng.choice([0.0, 1.0]), ignore_eos=rng.random() < 0.5,
                                     seed=rng.randrange(1000))
             request_id = f"r{submitted}"
-            engine.add_request(request_id, prompt, params, priority=rng.randint(0, 2))
+            engine.add_request(request_id, prompt, params, priority=rng.randint(0, 2), tenant="abc"[submitted % 3],
+                               share=(0.5, 1, 3)[submitted % 3])
             live.append(request_id)
             submitted += 1
         if live and rng.random() < 0.15:
@@ -46,3 +48,4 @@ def test_random_workload_returns_every_block(seed, tiny_model_dir):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert all(b.ref_count == 0 for b in engine.block_manager.blocks)
     assert not engine.groups
+    assert not engine.scheduler.fair._levels, "an idle engine keeps no fairness state"

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 from ..engine_config import EngineConfig
-from .errors import EngineDead
+from .errors import EngineDead, EngineOverloaded
 from .llm_engine import EngineStats, LLMEngine
 from .output_mailbox import OutputMailbox
-from .outputs import RequestOutput
+from .outputs import SHED, RequestOutput
 from ..sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,8 @@ class AsyncEngine:
     # -- requests -------------------------------------------------------------------------------
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *,
-                       priority: int = 0, deadline: float | None = None) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, deadline: float | None = None, tenant: str = "",
+                       share: float = 1.0) -> AsyncIterator[RequestOutput]:
         if not self.is_running:
             raise EngineDead(f"the engine loop is not running: {self.error!r}")
         if request_id in self._streams:
@@ -52,7 +53,7 @@ class AsyncEngine:
         mailbox = OutputMailbox()
         self._streams[request_id] = (asyncio.get_running_loop(), mailbox)
         try:
-            self.engine.add_request(request_id, prompt_token_ids, params, priority, deadline)
+            self.engine.add_request(request_id, prompt_token_ids, params, priority, deadline, tenant, share)
         except BaseException:
             self._streams.pop(request_id, None)
             raise
@@ -61,6 +62,10 @@ class AsyncEngine:
         try:
             while True:
                 item = await mailbox.get()
+                if item.finished and item.outputs[0].finish_reason == SHED:
+                    finished = True
+                    raise EngineOverloaded("the engine's queue is full and a more urgent request took this one's "
+                                           "place before it started; retry shortly", retry_after_s=1.0)
                 yield item
                 if item.finished:
                     finished = True

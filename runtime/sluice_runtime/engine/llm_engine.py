@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field
 
 from ..executor.model_runner import BatchItem, ModelRunner
 from ..executor.sampler import SampleRequest, SampleResult
@@ -14,7 +14,7 @@ from .block_manager import BlockManager
 from ..engine_config import EngineConfig
 from .detokenizer import Detokenizer
 from .errors import EngineOverloaded, RequestRejected
-from .outputs import CompletionOutput, RequestOutput, TokenLogprob
+from .outputs import SHED, CompletionOutput, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence, SequenceGroup
@@ -35,6 +35,10 @@ class EngineStats:
     num_aborted: int
     num_timed_out: int
     steps: int
+    # Requests not started yet, and requests shed (refused for a full queue, or dropped from it for a more urgent
+    # one), by priority.
+    waiting_by_priority: dict[int, int] = field(default_factory=dict)
+    shed_by_priority: dict[int, int] = field(default_factory=dict)
 
 
 def load_tokenizer(model_dir):
@@ -67,6 +71,10 @@ class LLMEngine:
         self.groups: dict[str, SequenceGroup] = {}
         self._incoming: deque[SequenceGroup] = deque()
         self._aborts: deque[str] = deque()
+        # Accepted and never scheduled: what the queue bound counts and what may be shed (guarded by _lock).
+        self._unstarted: dict[str, SequenceGroup] = {}
+        self._sheds: deque[SequenceGroup] = deque()
+        self.num_shed: Counter[int] = Counter()
         self._generators: dict[tuple[str, int], object] = {}
         self._lock = threading.Lock()
         self.num_aborted = 0
@@ -80,6 +88,7 @@ class LLMEngine:
         return self.block_manager.num_blocks * self.block_manager.block_size
 
     def check_admission(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Refuses a request that can never be served as asked."""
         n_prompt = len(prompt_token_ids)
         if n_prompt == 0:
             raise RequestRejected("the prompt is empty; send at least one token")
@@ -96,21 +105,33 @@ class LLMEngine:
             raise RequestRejected(
                 f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) can never fit in this replica's "
                 f"KV cache of {self.kv_capacity_tokens} tokens")
-        waiting = len(self.scheduler.waiting) + len(self._incoming)
-        if waiting >= self.config.max_waiting:
-            raise EngineOverloaded(f"the engine has {waiting} requests waiting (limit {self.config.max_waiting}); "
-                                   "retry shortly", retry_after_s=1.0)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0, deadline: float | None = None) -> None:
+                    priority: int = 0, deadline: float | None = None, tenant: str = "", share: float = 1.0) -> None:
         """Thread-safe: the request joins the scheduler at the start of the next step."""
         self.check_admission(prompt_token_ids, params)
         with self._lock:
             if request_id in self.groups:
                 raise ValueError(f"request id {request_id!r} is already in use")
-            group = SequenceGroup(request_id, list(prompt_token_ids), params, priority, deadline)
+            self._make_queue_room(priority)
+            group = SequenceGroup(request_id, list(prompt_token_ids), params, priority, deadline, tenant, share)
             self.groups[request_id] = group
-        self._incoming.append(group)
+            self._unstarted[request_id] = group
+            self._incoming.append(group)
+
+    def _make_queue_room(self, priority: int) -> None:
+        """With the queue full, the least urgent request not started yet (the latest of them) is shed for a more
+        urgent newcomer; a newcomer no more urgent than every queued request is refused. Called under _lock."""
+        if len(self._unstarted) < self.config.max_waiting:
+            return
+        victim = max(self._unstarted.values(), key=SequenceGroup.sort_key)
+        if victim.priority <= priority:
+            self.num_shed[priority] += 1
+            raise EngineOverloaded(
+                f"the engine has {len(self._unstarted)} requests waiting (limit {self.config.max_waiting}), none "
+                f"less urgent than this one (priority {priority}); retry shortly", retry_after_s=1.0)
+        del self._unstarted[victim.request_id]
+        self._sheds.append(victim)
 
     def abort(self, request_id: str) -> None:
         """Thread-safe and idempotent; takes effect at the start of the next step."""
@@ -125,15 +146,18 @@ class LLMEngine:
         finished_now: dict[str, SequenceGroup] = {}
         self._admit_incoming()
         self._apply_aborts_and_deadlines(finished_now)
+        self._apply_sheds(finished_now)
         plan = self.scheduler.schedule()
         touched: dict[str, SequenceGroup] = dict(finished_now)
         if not plan.is_empty:
             self.steps += 1
             now = time.time()
-            for item in plan.scheduled:
-                metrics = item.seq.group.metrics
-                if metrics.first_scheduled_time is None:
-                    metrics.first_scheduled_time = now
+            started = {id(g): g for s in plan.scheduled if (g := s.seq.group).metrics.first_scheduled_time is None}
+            if started:
+                with self._lock:
+                    for group in started.values():
+                        group.metrics.first_scheduled_time = now
+                        self._unstarted.pop(group.request_id, None)
             results = self.runner.execute(
                 [self._batch_item(s) for s in plan.decodes], [self._batch_item(s) for s in plan.prefills])
             sampled = [s for s in plan.scheduled if s.samples]
@@ -167,6 +191,17 @@ class LLMEngine:
             if group.deadline is not None and now > group.deadline and not group.finished:
                 self._finish_group(group, "timeout")
                 self.num_timed_out += 1
+                finished_now[group.request_id] = group
+
+    def _apply_sheds(self, finished_now: dict[str, SequenceGroup]) -> None:
+        """Ends the requests shed for more urgent ones, unless one started meanwhile (then it runs: no work is
+        thrown away)."""
+        while self._sheds:
+            group = self._sheds.popleft()
+            if not group.finished and group.metrics.first_scheduled_time is None:
+                self._finish_group(group, SHED)
+                with self._lock:
+                    self.num_shed[group.priority] += 1
                 finished_now[group.request_id] = group
 
     def _finish_group(self, group: SequenceGroup, reason: str) -> None:
@@ -245,12 +280,16 @@ class LLMEngine:
     def _forget(self, group: SequenceGroup) -> None:
         with self._lock:
             self.groups.pop(group.request_id, None)
+            self._unstarted.pop(group.request_id, None)
         for seq in group.seqs:
             self._generators.pop((group.request_id, seq.index), None)
 
     # -- introspection --------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
+        with self._lock:
+            waiting_by_priority = Counter(g.priority for g in self._unstarted.values())
+            shed_by_priority = dict(self.num_shed)
         return EngineStats(
             num_running=len({s.group.request_id for s in self.scheduler.running}),
             num_waiting=self.scheduler.num_waiting_requests + len(self._incoming),
@@ -262,4 +301,6 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_aborted=self.num_aborted,
             num_timed_out=self.num_timed_out,
-            steps=self.steps)
+            steps=self.steps,
+            waiting_by_priority=dict(waiting_by_priority),
+            shed_by_priority=shed_by_priority)

@@ -5,9 +5,11 @@ prefilled in chunks within the step's prefill budget (step_budget: what keeps th
 target inter-token latency, at most the token budget), prompts already started and waiting ones
 alike, shortest first within a priority, so a short chat is answered between a long prompt's
 chunks. Age is counted in prefill work: a prompt that has seen PREFILL_AGE_LIMIT tokens of other
-prompts prefilled since it arrived goes ahead of shorter ones, so long prompts never starve. When
-the KV cache runs out, the least important running sequence is preempted and later recomputed
-from its tokens.
+prompts prefilled since it arrived goes ahead of shorter ones, so long prompts never starve. Within a
+priority, tenants take turns in proportion to their shares (fair_share), each tenant's prompts in the
+order above. When the KV cache runs out, the least important running sequence (least urgent, then
+most recent) is preempted and later recomputed from its tokens; so is one when a more urgent prompt
+waits for a place in a full batch.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
+from .fair_share import FairShare
 from .sequence import Sequence, SequenceGroup, SequenceStatus
 from .step_budget import AUTO, Allowance, StepBudget, chunk_pairs
 
@@ -58,6 +61,14 @@ def _order(seq: Sequence) -> tuple[int, int, int]:
     return (*seq.group.sort_key(), seq.index)
 
 
+def _fairness(seq: Sequence) -> tuple[int, str, float, bool]:
+    """Its priority, tenant and share, and whether admitting it is charged to the tenant: only a request's
+    first admission is (a preempted one coming back already paid)."""
+    group = seq.group
+    charged = seq.status is SequenceStatus.WAITING and seq.num_preemptions == 0 and seq.index == 0
+    return group.priority, group.tenant, group.share, charged
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_preemptions_per_request: int, target_itl: str | float = AUTO,
@@ -78,10 +89,12 @@ class Scheduler:
         self.prefill_age_limit = prefill_age_limit
         self.prefill_work = 0
         self._arrived_at: dict[Sequence, int] = {}
+        self.fair = FairShare()
 
     # -- queue management -----------------------------------------------------------------------
 
     def add(self, group: SequenceGroup) -> None:
+        self.fair.join(group.priority, group.tenant)
         self._enqueue(group.seqs[0])
 
     def _enqueue(self, seq: Sequence) -> None:
@@ -108,6 +121,8 @@ class Scheduler:
         self._arrived_at.pop(seq, None)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason, seq.stop_reason = reason, stop_reason
+        if seq.group.finished:
+            self.fair.leave(seq.group.priority, seq.group.tenant)
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -123,6 +138,7 @@ class Scheduler:
         """Every running decode that the KV cache can grow (preempting the lowest-ranked sequences when
         it is full), then prefill chunks in prefill order until the step's prefill budget is spent."""
         out = SchedulerOutput()
+        self._make_room_for_urgent()
         self.running.sort(key=_order)
         scheduled: set[int] = set()
 
@@ -163,7 +179,8 @@ class Scheduler:
                 return priority, 0, arrival, seq.index
             return priority, 1, seq.num_uncomputed, arrival, seq.index
 
-        return sorted([s for s in self.running if s.is_prefilling] + self.waiting, key=key)
+        ordered = sorted([s for s in self.running if s.is_prefilling] + self.waiting, key=key)
+        return self.fair.interleave(ordered, _fairness)
 
     def _allocate_chunk(self, seq: Sequence, allowance: Allowance) -> int:
         """Blocks for the next chunk of `seq`'s prompt, what the allowance leaves, admitting it if it
@@ -178,6 +195,8 @@ class Scheduler:
                 self.blocks.free_sequence(seq)
             return 0
         if waiting:
+            if _fairness(seq)[3]:
+                self.fair.charge(seq.group.priority, seq.group.tenant, seq.group.share)
             self.waiting.remove(seq)
             self.blocks.record_prefix_query(seq)
             seq.status = SequenceStatus.RUNNING
@@ -196,6 +215,19 @@ class Scheduler:
             if victim is seq:
                 return False
         return True
+
+    def _make_room_for_urgent(self) -> None:
+        """Preempt the least urgent running sequence (then the most recent) while the most urgent waiting
+        prompt is more urgent than it and cannot start: the batch is full or the KV cache has no block to spare."""
+        while self.waiting and self.running:
+            urgent = self.waiting[0]
+            full = len(self.running) >= self.max_num_seqs or self.blocks.num_free_blocks <= self.watermark
+            if not full:
+                return
+            victim = self._pick_victim(set())
+            if victim is None or victim.group.priority <= urgent.group.priority:
+                return
+            self.preempt(victim)
 
     def _pick_victim(self, scheduled: set[int]) -> Sequence | None:
         """The lowest-priority, latest-arrived running sequence not yet capped or scheduled this step."""

@@ -75,6 +75,9 @@ class SequenceGroup:
     params: SamplingParams
     priority: int = 0
     deadline: float | None = None
+    # Who sent it (the gateway's tenant; "" for direct callers) and its weight among tenants of its priority.
+    tenant: str = ""
+    share: float = 1.0
     arrival_order: int = field(default_factory=lambda: next(_arrival_counter))
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.time()))
     seqs: list[Sequence] = field(default_factory=list)

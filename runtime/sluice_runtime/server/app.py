@@ -27,6 +27,7 @@ from .lifecycle import Lifecycle
 from .logprobs import LogprobFormatter
 from .middleware import RequestContextMiddleware
 from .normalize import RequestNormalizer
+from .priority_headers import apply_priority_headers
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
                        EmbeddingData, EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList,
                        TokenizeRequest, TokenizeResponse, Usage)
@@ -77,6 +78,7 @@ class Runtime:
         record = self.record(request, body.model, body.stream)
         cost = request_cost(payload, endpoint)
         greq = await off_loop_if_large(request, normalize, body, cost, request.state.request_id)
+        apply_priority_headers(greq, request.headers)
         self._describe(record, greq)
         self.metrics.in_flight.inc()
         try:
@@ -107,6 +109,7 @@ class Runtime:
     def _describe(self, record, greq) -> None:
         record.sampling = {k: v for k, v in vars(greq.params).items() if k != "constraint"}
         record.sampling["response_format"] = greq.response_format
+        record.priority, record.tenant = greq.priority, greq.tenant or None
         if self.settings.log_prompts:
             record.prompt = "\n".join(t for t in greq.prompt_texts if t is not None)
 

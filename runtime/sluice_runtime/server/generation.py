@@ -143,7 +143,7 @@ class GenerationRunner:
         deadline = time.time() + self._timeout if self._timeout else None
         ids = [greq.request_id if len(greq.prompts) == 1 else f"{greq.request_id}-{i}"
                for i in range(len(greq.prompts))]
-        streams = [self._tracked(ids[i], prompt, _params_for(greq, i), greq.priority, deadline)
+        streams = [self._tracked(ids[i], prompt, _params_for(greq, i), greq, deadline)
                    for i, prompt in enumerate(greq.prompts)]
         merged = _numbered(streams[0]) if len(streams) == 1 else _merge(streams)
         unfinished = len(streams)
@@ -156,9 +156,11 @@ class GenerationRunner:
         finally:
             await merged.aclose()
 
-    async def _tracked(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int, deadline):
+    async def _tracked(self, request_id: str, prompt: list[int], params: SamplingParams, greq: GenerationRequest,
+                       deadline):
         with self._lifecycle.track(request_id):
-            outputs = self._engine.generate(prompt, params, request_id, priority=priority, deadline=deadline)
+            outputs = self._engine.generate(prompt, params, request_id, priority=greq.priority, deadline=deadline,
+                                            tenant=greq.tenant, share=greq.share)
             try:
                 async for out in outputs:
                     yield out

@@ -52,6 +52,8 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     priority: int = 0
+    tenant: str = ""
+    share: float = 1.0
     # Top alternatives per token (0 = only the sampled token's); None when logprobs were not asked for.
     logprobs: int | None = None
     echo: bool = False

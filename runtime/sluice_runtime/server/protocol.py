@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sluice_contracts.request_cost import MAX_CHOICES
+from sluice_contracts.request_priority import MAX_PRIORITY, MIN_PRIORITY
 
 MAX_SEED = 2**63 - 1
 
@@ -106,8 +107,8 @@ class _SamplingFields(_Body):
     response_format: ResponseFormat | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    # Lower is served first (vLLM's convention); bounded so it cannot starve everyone else forever.
-    priority: int = Field(0, ge=-1000, le=1000)
+    # Lower is served first (vLLM's convention); the gateway's x-sluice-priority header overrides it.
+    priority: int = Field(0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False

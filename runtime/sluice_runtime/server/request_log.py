@@ -21,6 +21,8 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     sampling: dict | None = None
+    priority: int | None = None
+    tenant: str | None = None  # as the gateway named it (percent-encoded); absent for direct callers
     finish_reasons: list[str] = field(default_factory=list)
     error_code: str | None = None
     cancelled: bool = False
