@@ -92,8 +92,9 @@ class Picker:
     # -- table and health bookkeeping -------------------------------------------------------------------
     def sync(self, table: RoutingTable) -> None:
         """Track exactly the endpoints of this table: new ones start healthy, removed ones are forgotten."""
-        wanted = {url: backend for route in table.routes.values() for backend in route.backends
-                  for url in backend.endpoints}
+        backends = sorted((b for route in table.routes.values() for b in route.backends), key=lambda b: b.adapter is None)
+        # A base model's backend last, so it names the endpoint's model: an adapter's name labels no load gauge.
+        wanted = {url: backend for backend in backends for url in backend.endpoints}
         for url in list(self._endpoints):
             if url not in wanted:
                 del self._endpoints[url]

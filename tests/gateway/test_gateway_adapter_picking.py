@@ -68,3 +68,17 @@ def test_an_adapter_named_like_another_is_not_taken_for_it():
     picker.state(EPS[2]).loaded_adapters = frozenset({"sql-v1x", "SQL-V1", "sql-v1 "})
     picker.state(EPS[2]).running = 9
     assert order(picker, table, "sql-v1")[0] != EPS[2]
+
+
+def test_an_endpoint_shared_by_a_model_and_its_adapters_reads_the_base_models_load():
+    # Routes in any order: the endpoint's /metrics samples are labelled with the base model's name.
+    for adapter_route in ("aaa-sql", "zzz-sql"):
+        routes = {
+            adapter_route: {"backends": [{"name": "base", "adapter": adapter_route, "servedModelName": adapter_route,
+                                          "engine": "vllm", "endpoints": EPS[:1]}]},
+            "base": {"backends": [{"name": "base", "servedModelName": "base-served", "engine": "vllm",
+                                   "endpoints": EPS[:1]}]},
+        }
+        picker = Picker(Routing())
+        picker.sync(RoutingTable.model_validate({"version": 1, "generation": 1, "routes": routes}))
+        assert picker.state(EPS[0]).served_model_name == "base-served"
