@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from localcluster.engine_stand_in import stand_in_command
+
 # Reads a ConfigMap or Secret as a dict: (kind, namespace, name) -> data, or None if it does not exist.
 ObjectReader = Callable[[str, str, str], "dict[str, str] | None"]
 
@@ -160,7 +162,8 @@ def process_spec(
 ) -> ProcessSpec:
     """`kubeconfig`: the pod's service-account credentials, where its spec mounts them; `pinned_env`: set
     after the pod's own variables (see Launcher.pinned_env)."""
-    command = list(container.get("command") or [])
+    # An image that cannot run here (vLLM's) is run by its stand-in, which reads the same args.
+    command = stand_in_command(container.get("image") or "") or list(container.get("command") or [])
     if not command:
         raise ContainerConfigError(
             f"container {container['name']!r} has no command; the local launcher cannot run an image's entrypoint"
