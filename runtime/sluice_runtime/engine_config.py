@@ -14,6 +14,8 @@ AUTO, OFF = "auto", "off"  # --target-itl-ms modes besides milliseconds
 
 # The names executor.attention.BACKENDS accepts, repeated so parsing flags does not import torch.
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
+# How /v1/embeddings turns a prompt's final hidden states into one vector (then L2-normalized).
+POOLINGS = ("mean", "last")
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
@@ -83,6 +85,9 @@ class EngineConfig:
     gpu_memory_utilization: float = flag(0.9, "CUDA: share of each GPU for weights, activations and the KV cache, "
                                               "sized at start")
     tensor_parallel_size: int = flag(1, "shard the model across this many GPUs (processes on the CPU)")
+    pooling: str = flag("mean", "how /v1/embeddings and /v1/rerank pool a prompt's final hidden states: mean (of "
+                                "every token) or last (the last token's, what decoder embedding models are trained "
+                                "for); L2-normalized either way", choices=POOLINGS)
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
@@ -106,6 +111,7 @@ class EngineConfig:
             (0 < self.gpu_memory_utilization <= 1,
              f"gpu memory utilization must be in (0, 1], got {self.gpu_memory_utilization}"),
             (self.tensor_parallel_size in TENSOR_PARALLEL_SIZE, TENSOR_PARALLEL_SIZE.message(self.tensor_parallel_size)),
+            (self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}"),
         ]
         for ok, message in checks:
             if not ok:

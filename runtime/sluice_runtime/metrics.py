@@ -118,6 +118,11 @@ class RuntimeMetrics:
         for _ in range(tokens):
             self._itl.observe(per_token)
 
+    def observe_pooled(self, prompt_tokens: int) -> None:
+        """An embeddings or rerank request was served: prompt tokens only, nothing generated."""
+        self._prompt_tokens.inc(prompt_tokens)
+        self._prompt_hist.observe(prompt_tokens)
+
     def observe_finished(self, metrics: RequestMetrics, prompt_tokens: int, generated: int,
                          finish_reasons: list[str]) -> None:
         """One engine request ended; `finish_reasons` has one entry per sequence (n > 1)."""

@@ -86,8 +86,9 @@ async def test_deadline_ends_the_request_with_timeout(engine):
 
 async def test_embeddings_are_normalized_and_similar_texts_are_closer(engine):
     tok = engine.tokenizer
-    cat, kitten, tax = [await engine.embed(tok.encode(t)) for t in
-                        ("A cat sleeps on the sofa.", "A kitten naps on the couch.", "Quarterly tax filing deadlines.")]
+    cat, kitten, tax = await engine.embed([tok.encode(t) for t in
+                                           ("A cat sleeps on the sofa.", "A kitten naps on the couch.",
+                                            "Quarterly tax filing deadlines.")])
     dot = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
     assert abs(dot(cat, cat) - 1) < 1e-4
     assert dot(cat, kitten) > dot(cat, tax)

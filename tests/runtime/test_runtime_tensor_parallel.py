@@ -14,7 +14,7 @@ def _run(model: str, size: int, prompts, params, **engine_args):
     llm = LLM(model, tensor_parallel_size=size, **engine_args)
     try:
         outputs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        return outputs, llm.engine.runner.embed(prompts[0])
+        return outputs, [x for vector in llm.embed(prompts[:2]) for x in vector]
     finally:
         llm.engine.runner.close()
 

@@ -153,8 +153,9 @@ def test_tokenize_and_embedding_errors(runtime_server, runtime_openai):
     with pytest.raises(openai.BadRequestError) as info:
         runtime_openai.embeddings.create(model=MODEL, input="hello " * 9000)
     assert info.value.body["code"] == "context_length_exceeded"
-    with pytest.raises(openai.BadRequestError):
-        runtime_openai.embeddings.create(model=MODEL, input="hi", dimensions=8)
+    with pytest.raises(openai.BadRequestError) as info:
+        runtime_openai.embeddings.create(model=MODEL, input="hi", dimensions=577)
+    assert info.value.body["param"] == "dimensions" and "576" in info.value.body["message"]
 
 
 def test_huge_prompt_within_the_body_limit_is_refused_as_too_long(runtime_openai):

@@ -70,14 +70,20 @@ completion_valid = st.fixed_dictionaries(
     {"model": st.just("smollm2"), "prompt": prompt, "max_tokens": st.integers(1, 4)},
     optional={**sampling, "echo": st.booleans(), "logprobs": st.integers(0, 5), "best_of": st.integers(1, 3)})
 embedding_valid = st.fixed_dictionaries({"model": st.just("smollm2"), "input": prompt},
-                                        optional={"encoding_format": st.sampled_from(["float", "base64"])})
+                                        optional={"encoding_format": st.sampled_from(["float", "base64"]),
+                                                  "dimensions": st.integers(1, 576)})
+rerank_valid = st.fixed_dictionaries(
+    {"model": st.just("smollm2"), "query": st.text(min_size=1, max_size=30),
+     "documents": st.lists(st.text(min_size=1, max_size=30), min_size=1, max_size=3)},
+    optional={"top_n": st.integers(0, 4), "return_documents": st.booleans()})
 tokenize_valid = st.fixed_dictionaries({}, optional={"model": st.just("smollm2"), "prompt": st.text(max_size=30),
                                                     "messages": messages, "add_special_tokens": st.booleans()})
 detokenize_valid = st.fixed_dictionaries({"tokens": st.lists(st.integers(0, 49151), max_size=6)},
                                          optional={"model": st.just("smollm2")})
 MUTABLE = sorted(set(sampling) | {"model", "messages", "prompt", "input", "tokens", "tools", "tool_choice", "logprobs",
                                   "top_logprobs", "echo", "suffix", "best_of", "logit_bias", "encoding_format",
-                                  "dimensions", "n", "parallel_tool_calls"})
+                                  "dimensions", "n", "parallel_tool_calls", "query", "documents", "top_n",
+                                  "return_documents"})
 
 
 @st.composite
@@ -133,14 +139,15 @@ def test_completions_never_5xx(http, body):
 
 
 @settings(FUZZ, max_examples=40)
-@given(path=st.sampled_from(["/v1/embeddings", "/tokenize", "/detokenize"]), data=st.data())
+@given(path=st.sampled_from(["/v1/embeddings", "/v1/rerank", "/tokenize", "/detokenize"]), data=st.data())
 def test_other_endpoints_never_5xx(http, path, data):
-    valid = {"/v1/embeddings": embedding_valid, "/tokenize": tokenize_valid, "/detokenize": detokenize_valid}[path]
+    valid = {"/v1/embeddings": embedding_valid, "/v1/rerank": rerank_valid, "/tokenize": tokenize_valid,
+             "/detokenize": detokenize_valid}[path]
     check(http, path, dumps(data.draw(mutated(valid))))
 
 
 @settings(FUZZ, max_examples=30)
-@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize"]),
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/tokenize"]),
        content=st.binary(max_size=64) | st.text(max_size=64).map(str.encode),
        content_type=st.sampled_from(["application/json", "text/plain", "application/x-www-form-urlencoded", ""]))
 def test_raw_bodies_never_5xx(http, path, content, content_type):

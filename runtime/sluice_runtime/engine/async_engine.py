@@ -79,11 +79,15 @@ class AsyncEngine:
         self.engine.abort(request_id)
         self._wake.set()
 
-    async def embed(self, prompt_token_ids: list[int]) -> list[float]:
-        if len(prompt_token_ids) > self.engine.max_model_len:
-            raise ValueError(f"the input has {len(prompt_token_ids)} tokens but the model's context length is "
-                             f"{self.engine.max_model_len}")
-        return await asyncio.wrap_future(self._call(lambda: self.engine.runner.embed(prompt_token_ids)))
+    async def embed(self, prompts: list[list[int]], dimensions: int | None = None) -> list[list[float]]:
+        """Pooled, normalized vectors of `prompts`, in order; each packed forward (LLMEngine.embedding_batches)
+        runs on the engine thread between two steps, so streams keep going while a large request is embedded."""
+        if not self.is_running:
+            raise EngineDead(f"the engine loop is not running: {self.error!r}")
+        vectors: list[list[float]] = []
+        for batch in self.engine.embedding_batches(prompts):
+            vectors += await asyncio.wrap_future(self._call(lambda b=batch: self.engine.embed(b, dimensions)))
+        return vectors
 
     def _call(self, fn) -> Future:
         """Run fn on the engine thread between steps, so torch is never used from two threads."""

@@ -36,3 +36,8 @@ class LLM:
                         results[order[output.request_id]] = output
                         bar.update(1)
         return results
+
+    def embed(self, prompts: list[str] | list[list[int]], dimensions: int | None = None) -> list[list[float]]:
+        """One L2-normalized vector per prompt (strings or token id lists), pooled as the engine's config says."""
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        return [v for batch in self.engine.embedding_batches(ids) for v in self.engine.embed(batch, dimensions)]

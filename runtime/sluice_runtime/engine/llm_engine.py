@@ -133,6 +133,27 @@ class LLMEngine:
         del self._unstarted[victim.request_id]
         self._sheds.append(victim)
 
+    def embedding_batches(self, prompts: list[list[int]]) -> list[list[list[int]]]:
+        """`prompts` in consecutive groups of at most one step's token budget each (a longer prompt alone): the
+        packed forwards of `embed`. Embeddings generate nothing, so a prompt may fill the whole context."""
+        batches: list[list[list[int]]] = []
+        budget = self.config.max_num_batched_tokens
+        tokens = budget
+        for ids in prompts:
+            if not ids or len(ids) > self.max_model_len:
+                raise RequestRejected(f"an input has {len(ids)} tokens; it must have 1 to {self.max_model_len} "
+                                      "(the model's context length)")
+            if tokens + len(ids) > budget:
+                batches.append([])
+                tokens = 0
+            batches[-1].append(ids)
+            tokens += len(ids)
+        return batches
+
+    def embed(self, batch: list[list[int]], dimensions: int | None = None) -> list[list[float]]:
+        """One packed forward over `batch`, outside the scheduler and the KV cache (ModelRunner.embed)."""
+        return self.runner.embed(batch, dimensions)
+
     def abort(self, request_id: str) -> None:
         """Thread-safe and idempotent; takes effect at the start of the next step."""
         self._aborts.append(request_id)

@@ -275,19 +275,32 @@ class ModelRunner:
             self.backend, meta, self.kv_caches)
 
     @torch.inference_mode()
-    def embed(self, token_ids: list[int]) -> list[float]:
-        """Mean-pooled, L2-normalized final hidden states; runs without touching the KV cache."""
+    def embed(self, batch: list[list[int]], dimensions: int | None = None) -> list[list[float]]:
+        """One packed forward over every prompt of `batch`, without the KV cache: each prompt's final hidden
+        states pooled (config.pooling), cut to `dimensions` and L2-normalized."""
         if self.workers is not None:
-            self.workers.send(("embed", token_ids))
-        pooled = self._embed(token_ids).float().mean(dim=0)
-        return torch.nn.functional.normalize(pooled, dim=0).tolist()
+            self.workers.send(("embed", batch))
+        hidden = self._embed(batch)
+        lengths = torch.tensor([len(ids) for ids in batch], device=hidden.device)
+        if self.config.pooling == "last":
+            pooled = hidden[lengths.cumsum(0) - 1].float()
+        else:
+            rows = torch.repeat_interleave(torch.arange(len(batch), device=hidden.device), lengths)
+            sums = torch.zeros(len(batch), hidden.shape[1], dtype=torch.float32, device=hidden.device)
+            pooled = sums.index_add_(0, rows, hidden.float()) / lengths[:, None]
+        return torch.nn.functional.normalize(pooled[:, :dimensions], dim=1).cpu().tolist()
 
-    def _embed(self, token_ids: list[int]) -> torch.Tensor:
-        n = len(token_ids)
-        meta = AttentionMetadata(num_decodes=0, prefills=[SequenceSpan(0, n, n, [])],
-                                 slot_mapping=torch.empty(0, dtype=torch.long), prefill_context=[None])
-        return self.model.hidden_states(torch.tensor(token_ids, device=self.device),
-                                        torch.arange(n, device=self.device), self.reference_backend, meta, None)
+    def _embed(self, batch: list[list[int]]) -> torch.Tensor:
+        spans, start = [], 0
+        for ids in batch:
+            spans.append(SequenceSpan(start, len(ids), len(ids), []))
+            start += len(ids)
+        meta = AttentionMetadata(num_decodes=0, prefills=spans, slot_mapping=torch.empty(0, dtype=torch.long),
+                                 prefill_context=[None] * len(spans))
+        positions = [p for ids in batch for p in range(len(ids))]
+        return self.model.hidden_states(to_device([t for ids in batch for t in ids], torch.long, self.device),
+                                        to_device(positions, torch.long, self.device), self.reference_backend,
+                                        meta, None)
 
     @staticmethod
     def make_generator(seed: int) -> torch.Generator:

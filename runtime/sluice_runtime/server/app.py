@@ -1,9 +1,7 @@
 """The FastAPI application: routes wired to the normalizer, the generation runner and the engine."""
 from __future__ import annotations
 
-import base64
 import logging
-import struct
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,17 +18,17 @@ from .capabilities import ModelCapabilities
 from .chat_format import ChatFormat
 from .chat_template import ChatTemplate
 from .completion_format import CompletionFormat
-from .disconnect import ClientDisconnected, until_disconnected
 from .errors import install_error_handlers
-from .generation import GenerationRunner, engine_error
+from .generation import GenerationRunner
 from .lifecycle import Lifecycle
 from .logprobs import LogprobFormatter
 from .middleware import RequestContextMiddleware
 from .normalize import RequestNormalizer
+from .pooling import PoolingServing
 from .priority_headers import apply_priority_headers
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
-                       EmbeddingData, EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList,
-                       TokenizeRequest, TokenizeResponse, Usage)
+                       EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList, RerankRequest, RerankResponse,
+                       TokenizeRequest, TokenizeResponse)
 from .request_body import off_loop_if_large, read_json, request_cost, validated
 from .serving import GenerationServing
 from .settings import ServerSettings
@@ -49,7 +47,8 @@ class Runtime:
         self.tokenizer = engine.tokenizer
         self.served_names = settings.served_model_names or [info.name]
         self.template = ChatTemplate.load(self.tokenizer, settings.chat_template)
-        self.capabilities = ModelCapabilities.for_text_model(info.max_model_len, self.template.source is not None)
+        self.capabilities = ModelCapabilities.for_text_model(info.max_model_len, self.template.source is not None,
+                                                             engine.config.pooling, info.hidden_size)
         self.lifecycle = Lifecycle()
         self.metrics = RuntimeMetrics(self.served_names[0], engine.stats, self.template.version)
         grammars = GrammarCompiler(self.tokenizer, info.vocab_size, list(info.eos_token_ids))
@@ -59,6 +58,7 @@ class Runtime:
         formatter = LogprobFormatter(self.tokenizer)
         self.chat = GenerationServing(runner, ChatFormat(formatter))
         self.completions = GenerationServing(runner, CompletionFormat(formatter, self.tokenizer))
+        self.pooling = PoolingServing(engine, self.lifecycle, self.metrics)
         self.created = int(time.time())
 
     async def warm_up(self) -> None:
@@ -90,21 +90,13 @@ class Runtime:
         body = validated(EmbeddingRequest, await read_json(request))
         record = self.record(request, body.model)
         prompts = await off_loop_if_large(request, self.normalizer.embedding_inputs, body)
+        return await self.pooling.embeddings(body, prompts, request.state.request_id, request.receive, record)
 
-        async def embed_all() -> list[list[float]]:
-            return [await self.engine.embed(p) for p in prompts]
-
-        try:
-            vectors = await until_disconnected(request.receive, embed_all())
-        except ClientDisconnected:
-            self.metrics.observe_cancelled()
-            raise
-        except ValueError as exc:
-            raise engine_error(exc) from None
-        tokens = sum(len(p) for p in prompts)
-        record.prompt_tokens = tokens
-        data = [EmbeddingData(index=i, embedding=_encode(v, body.encoding_format)) for i, v in enumerate(vectors)]
-        return EmbeddingResponse(data=data, model=body.model, usage=Usage(prompt_tokens=tokens, total_tokens=tokens))
+    async def rerank(self, request: Request) -> RerankResponse:
+        body = validated(RerankRequest, await read_json(request))
+        record = self.record(request, body.model)
+        prompts = await off_loop_if_large(request, self.normalizer.rerank_inputs, body)
+        return await self.pooling.rerank(body, prompts, request.state.request_id, request.receive, record)
 
     def _describe(self, record, greq) -> None:
         record.sampling = {k: v for k, v in vars(greq.params).items() if k != "constraint"}
@@ -164,9 +156,13 @@ def _generation_routes(rt: Runtime) -> list[_Route]:
     async def embeddings(request: Request) -> EmbeddingResponse:
         return await rt.embed(request)
 
+    async def rerank(request: Request) -> RerankResponse:
+        return await rt.rerank(request)
+
     return [_Route("POST", "/v1/chat/completions", chat_completions),
             _Route("POST", "/v1/completions", completions),
-            _Route("POST", "/v1/embeddings", embeddings, EmbeddingResponse)]
+            _Route("POST", "/v1/embeddings", embeddings, EmbeddingResponse),
+            _Route("POST", "/v1/rerank", rerank, RerankResponse)]
 
 
 def _model_routes(rt: Runtime) -> list[_Route]:
@@ -235,8 +231,3 @@ def _card(rt: Runtime, name: str) -> ModelCard:
                      max_model_len=rt.capabilities.max_model_len, capabilities=rt.capabilities.as_dict(),
                      chat_template_version=rt.template.version)
 
-
-def _encode(vector: list[float], encoding: str) -> list[float] | str:
-    if encoding == "base64":
-        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-    return vector

@@ -72,11 +72,11 @@ def _location(loc: tuple) -> str | None:
     mean nothing to a client and are left out. Our own field names are all lower snake case.
     """
     out = ""
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("body", "query", "path") and not out:
-            continue
+        elif part in ("body", "query", "path") and not out and i + 1 < len(loc):
+            continue  # FastAPI's prefix; alone, it is a field of that name (/v1/rerank's query)
         elif not _FIELD_NAME.match(str(part)) or part in _TYPE_NAMES:
             continue
         else:

@@ -150,7 +150,8 @@ def _int(value: str | None) -> int:
 
 def _endpoint(path: str) -> str:
     """A bounded label value: known API paths as they are, anything else as 'other'."""
-    known = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/tokenize", "/detokenize")
+    known = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/models", "/tokenize",
+             "/detokenize")
     for prefix in known:
         if path == prefix or path.startswith(prefix + "/"):
             return prefix

@@ -16,7 +16,7 @@ from .capabilities import ModelCapabilities
 from .chat_template import ChatTemplate
 from .errors import APIError, invalid_request, model_not_found
 from .protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest,
-                       NamedToolChoice, ResponseFormat, Tool, TokenizeRequest)
+                       NamedToolChoice, RerankRequest, ResponseFormat, Tool, TokenizeRequest)
 from .structured_output import GrammarCompiler
 from .tool_calls import render_call, tools_system_prompt
 
@@ -25,6 +25,9 @@ MAX_STOP_CHARS = 256
 MAX_TOOLS = 128
 MAX_TOOLS_JSON_BYTES = 64 * 1024
 MAX_PROMPTS = 64
+# OpenAI's limits on one embeddings request: inputs in the list, and tokens summed over them.
+MAX_EMBEDDING_INPUTS = 2048
+MAX_EMBEDDING_TOKENS = 300_000
 _IMAGE_PARTS = {"image_url", "input_image", "image"}
 _OTHER_MEDIA_PARTS = {"input_audio", "audio", "file", "video", "video_url"}
 
@@ -124,15 +127,44 @@ class RequestNormalizer:
 
     def embedding_inputs(self, body: EmbeddingRequest) -> list[list[int]]:
         self.check_model(body.model)
+        self._check_pooling(body.model)
+        size = self._caps.embedding_dimensions
+        if body.dimensions is not None and size is not None and body.dimensions > size:
+            raise invalid_request(f"dimensions must be at most {size}, the model's embedding size; got "
+                                  f"{body.dimensions}.", param="dimensions")
+        prompts, _ = self._completion_prompts(body.input, param="input", limit=MAX_EMBEDDING_INPUTS)
+        return self._check_pooled(prompts, "input")
+
+    def rerank_inputs(self, body: RerankRequest) -> list[list[int]]:
+        """The query's tokens, then each document's."""
+        self.check_model(body.model)
+        self._check_pooling(body.model)
+        if not body.documents:
+            raise invalid_request("documents must not be empty.", param="documents")
+        if len(body.documents) > MAX_EMBEDDING_INPUTS:
+            raise invalid_request(f"At most {MAX_EMBEDDING_INPUTS} documents per request, got "
+                                  f"{len(body.documents)}.", param="documents")
+        prompts = self._check_pooled([self._encode(body.query, True, "query")], "query")
+        documents = [self._encode(text, True, "documents") for text in body.documents]
+        return prompts + self._check_pooled(documents, "documents")
+
+    def _check_pooling(self, model: str) -> None:
         if self._caps.embeddings is None:
-            raise invalid_request(f"The model `{body.model}` does not serve embeddings.", param="model")
-        if body.dimensions is not None:
-            raise invalid_request("dimensions is not supported; the model's hidden size is fixed.",
-                                  param="dimensions")
-        prompts, _ = self._completion_prompts(body.input, param="input")
+            raise invalid_request(f"The model `{model}` does not serve embeddings.", param="model")
+
+    def _check_pooled(self, prompts: list[list[int]], param: str) -> list[list[int]]:
+        """Prompts that are pooled, not continued: each may fill the whole context, none may be empty."""
         for prompt in prompts:
+            if not prompt:
+                raise invalid_request(f"{param} must not be empty.", param=param)
             if len(prompt) > self._caps.max_model_len:
-                raise self._too_long(len(prompt), "input")
+                raise invalid_request(
+                    f"This model's maximum context length is {self._caps.max_model_len} tokens, but the {param} "
+                    f"has {len(prompt)} tokens. Shorten the {param}.", param=param, code="context_length_exceeded")
+        total = sum(len(p) for p in prompts)
+        if total > MAX_EMBEDDING_TOKENS:
+            raise invalid_request(f"At most {MAX_EMBEDDING_TOKENS} tokens summed over the {param} of one request, "
+                                  f"got {total}.", param=param)
         return prompts
 
     def tokenize(self, body: TokenizeRequest) -> list[int]:
@@ -287,7 +319,8 @@ class RequestNormalizer:
 
     # --- prompts, context and sampling ------------------------------------------------------------
 
-    def _completion_prompts(self, prompt, param: str = "prompt") -> tuple[list[list[int]], list[str | None]]:
+    def _completion_prompts(self, prompt, param: str = "prompt",
+                            limit: int = MAX_PROMPTS) -> tuple[list[list[int]], list[str | None]]:
         if isinstance(prompt, str):
             items: list = [prompt]
         elif prompt and isinstance(prompt[0], int):
@@ -296,8 +329,8 @@ class RequestNormalizer:
             items = list(prompt)
         if not items:
             raise invalid_request(f"{param} must not be empty.", param=param)
-        if len(items) > MAX_PROMPTS:
-            raise invalid_request(f"At most {MAX_PROMPTS} prompts per request, got {len(items)}.", param=param)
+        if len(items) > limit:
+            raise invalid_request(f"At most {limit} {param}s per request, got {len(items)}.", param=param)
         prompts, texts = [], []
         for item in items:
             if isinstance(item, str):

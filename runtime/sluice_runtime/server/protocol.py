@@ -139,6 +139,16 @@ class EmbeddingRequest(_Body):
     user: str | None = None
 
 
+class RerankRequest(_Body):
+    """The Jina/Cohere rerank body vLLM serves; `top_n` 0 or unset returns every document."""
+
+    model: str
+    query: str
+    documents: list[str]
+    top_n: int | None = Field(None, ge=0)
+    return_documents: bool = True
+
+
 class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
@@ -235,6 +245,28 @@ class EmbeddingResponse(BaseModel):
     data: list[EmbeddingData]
     model: str
     usage: Usage
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
 
 
 class ModelCard(BaseModel):
