@@ -41,6 +41,7 @@ def _line(ctx: RequestContext) -> dict:
         "overhead_ms": round(outcome.overhead_s * 1000, 3),
         "upstream_ms": _ms(outcome.upstream_s),
         "ttft_ms": _ms(outcome.ttft_s),
+        "held_ms": _ms(outcome.held_s),
         "total_ms": round((time.perf_counter() - ctx.started) * 1000, 3),
     }
 

@@ -1,7 +1,8 @@
 """The gateway's HTTP front: a plain ASGI app (no framework on the hot path, for latency).
 
-Request path: auth → body → parse → model permission → route lookup → context check → limits → pick and
-forward (forwarder.py) → relay the response (relay.py). The request travels as one RequestContext.
+Request path: auth → body → parse → model permission → route lookup → context check → limits → held while the
+model has no endpoint (cold_start_hold.py) → pick and forward (forwarder.py) → relay the response (relay.py).
+The request travels as one RequestContext.
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
 access-log line (access_record.py; with the key's id, never the key).
 """
@@ -13,6 +14,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from .access_record import record
 from .admission import Admission
 from .auth import KeyStore, require_principal
 from .client_io import ClientGone, read_body, send_all
+from .cold_start_hold import ColdStartHold
 from .config import START_ONLY_FIELDS, GatewayConfig
 from .cost import check_context, reserve
 from .errors import GatewayError
@@ -35,7 +38,8 @@ from .picker import Picker
 from .plain_endpoints import GET_ROUTES
 from .request import parse_request
 from .request_context import RequestContext
-from .routing_table import max_model_len, reachable
+from .relay import error_event
+from .routing_table import max_model_len, reachable, starting_models
 from .watched_files import WatchedFiles
 
 log = logging.getLogger("sluice_gateway")
@@ -81,8 +85,9 @@ class GatewayApp:
             config.timeouts, self.picker, self.metrics, credential=self.files.upstream_credential,
             max_response_bytes=config.max_response_bytes,
         )
+        self.hold = ColdStartHold(config.cold_start, self.metrics)
         self.limiter: Limiter = (
-            RedisLimiter(config.redis, lease_ttl_s=config.timeouts.total_s + 60)
+            RedisLimiter(config.redis, lease_ttl_s=config.cold_start.max_wait_s + config.timeouts.total_s + 60)
             if config.redis is not None else MemoryLimiter()
         )
         if self._started:
@@ -108,6 +113,7 @@ class GatewayApp:
         self.picker.sync(table)
         self.table = table
         self.metrics.table_generation.set(table.generation)
+        self.hold.table_changed()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -124,8 +130,10 @@ class GatewayApp:
         self._poller = asyncio.get_running_loop().create_task(poller.run(self.forwarder.pool))
 
     def begin_termination(self) -> None:
-        """SIGTERM: /ready fails from now on; requests are still served (see drain.py)."""
+        """SIGTERM: /ready fails from now on; requests are still served (see drain.py), but none is held any more
+        for a model to start: those held get 503 + Retry-After, and their clients retry on another replica."""
         self._terminating = True
+        self.hold.close()
 
     def not_ready_reason(self) -> str | None:
         if self._terminating:
@@ -204,7 +212,12 @@ class GatewayApp:
         except GatewayError as err:
             ctx.outcome.status = err.status
             ctx.outcome.overhead_s = time.perf_counter() - ctx.started
-            await send_all(send, err.status, err.body(), [_JSON, *ctx.response_headers, *err.headers], ctx.started)
+            if ctx.response_started:  # a held stream: its headers are out, so the error is its last event
+                ctx.outcome.responded = True
+                await send({"type": "http.response.body", "body": error_event(err.status, err.message, err.code)})
+            else:
+                await send_all(send, err.status, err.body(), [_JSON, *ctx.response_headers, *err.headers],
+                               ctx.started)
         except ClientGone:
             ctx.outcome.status = 499
             self.metrics.client_disconnects.inc()
@@ -235,11 +248,16 @@ class GatewayApp:
         session = headers.get(self.config.routing.session_header.encode())
         user = parsed.payload.get("user")
         sticky = session.decode(errors="replace") if session else (user if isinstance(user, str) else None)
-        attempts = self.picker.plan(
-            table, parsed.model, prefix=parsed.prefix if routes[0][1].affinity == "prefix" else None,
-            session=sticky, allowed=ctx.principal.may_use,
-        )
-        await self._forward_until_disconnect(ctx, attempts, receive, send)
+        prefix = parsed.prefix if routes[0][1].affinity == "prefix" else None
+
+        async def hold_then_forward() -> None:
+            if models := starting_models(routes):
+                await self.hold.wait(ctx, models, lambda: not starting_models(self._routes(self.table, ctx)), send)
+            attempts = self.picker.plan(self.table, parsed.model, prefix=prefix, session=sticky,
+                                        allowed=ctx.principal.may_use)
+            await self.forwarder.forward(ctx, attempts, self.config.routing.max_attempts, send)
+
+        await self._until_disconnect(ctx, hold_then_forward, receive)
 
     async def _admit(self, ctx: RequestContext, table: RoutingTable) -> list[tuple[str, Route]]:
         """The routes the request may take, once it is known to fit a backend's context and the tenant's limits."""
@@ -265,8 +283,10 @@ class GatewayApp:
                                param="model", code="model_not_allowed")
         raise GatewayError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
 
-    async def _forward_until_disconnect(self, ctx: RequestContext, attempts: Any, receive: Any, send: Send) -> None:
-        """Forward, cancelling the upstream work as soon as the client disconnects (also before any byte)."""
+    async def _until_disconnect(
+        self, ctx: RequestContext, work: Callable[[], Awaitable[None]], receive: Any,
+    ) -> None:
+        """Hold and forward, cancelling either as soon as the client disconnects (also before any byte)."""
         task = asyncio.current_task()
         client_left = False
 
@@ -280,7 +300,7 @@ class GatewayApp:
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await self.forwarder.forward(ctx, attempts, self.config.routing.max_attempts, send)
+            await work()
         except asyncio.CancelledError:
             if not client_left:
                 raise

@@ -106,6 +106,25 @@ class Routing(_Strict):
     reload_interval_s: float = Field(default=1.0, gt=0, description="How often the routes file is checked.")
 
 
+class ColdStart(_Strict):
+    """A request for a model with no endpoint yet (scaled to zero, or starting) is held until one is ready."""
+
+    max_wait_s: float = Field(
+        default=300.0, gt=0, le=3600,
+        description="Longest a request is held; past it the client gets 503 with Retry-After.",
+    )
+    max_held_per_model: int = Field(
+        default=100, ge=0, le=100000, strict=True,
+        description="Requests held at once per model (per gateway replica); one more gets 503 with Retry-After. "
+                    "0: none is held.",
+    )
+    keepalive_s: float = Field(
+        default=5.0, gt=0, le=60,
+        description="A held stream gets an SSE comment line this often, so clients and proxies do not time out.",
+    )
+    retry_after_s: int = Field(default=10, ge=1, le=3600, strict=True, description="Retry-After of the 503 past either bound.")
+
+
 class GatewayConfig(_Strict):
     listen: Listen = Listen()
     metrics_port: int = Field(
@@ -129,6 +148,7 @@ class GatewayConfig(_Strict):
     )
     redis: RedisSettings | None = None
     routing: Routing = Routing()
+    cold_start: ColdStart = ColdStart()
     admin_keys: tuple[ApiKey, ...] = ()
     tenants: tuple[Tenant, ...] = ()
     access_log: bool = True

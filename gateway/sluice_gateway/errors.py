@@ -37,6 +37,10 @@ class GatewayError(Exception):
         return error_body(self.status, self.message, code=self.code, param=self.param)
 
 
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "api_error")
+
+
 def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> bytes:
-    error = {"message": message, "type": _TYPES.get(status, "api_error"), "param": param, "code": code}
+    error = {"message": message, "type": error_type(status), "param": param, "code": code}
     return json.dumps({"error": error}).encode()

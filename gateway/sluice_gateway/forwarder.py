@@ -24,7 +24,7 @@ from .connection_pool import ConnectionPool, UpstreamError, UpstreamResponse
 from .errors import GatewayError
 from .metrics import GatewayMetrics
 from .picker import Attempt, Picker
-from .relay import ResponseRelay, Send
+from .relay import ResponseRelay, Send, upstream_message
 from .request_context import RequestContext
 from .upstream_credential import UpstreamCredential
 
@@ -53,6 +53,8 @@ class Forwarder:
         last_refusal: GatewayError | None = None
         for attempt in islice(attempts, max_attempts):
             attempt.endpoint.in_flight += 1
+            backend_in_flight = self._metrics.backend_in_flight.labels(attempt.backend.name)
+            backend_in_flight.inc()
             try:
                 answer = await self._try(ctx, attempt, deadline)
                 if isinstance(answer, GatewayError):
@@ -66,6 +68,7 @@ class Forwarder:
                 return
             finally:
                 attempt.endpoint.in_flight -= 1
+                backend_in_flight.dec()
         raise last_refusal or _nothing_answered(ctx.outcome.attempts)
 
     async def _try(
@@ -137,7 +140,7 @@ class Forwarder:
             self._failed(attempt, f"status_{resp.status}")
         retry_after = resp.headers.get("retry-after", "")
         return GatewayError(
-            resp.status, _upstream_message(error_body, resp.status), code="upstream_error",
+            resp.status, upstream_message(error_body, resp.status), code="upstream_error",
             headers=[(b"retry-after", retry_after.encode())] if retry_after else [],
         )
 
@@ -158,12 +161,3 @@ def _nothing_answered(attempts: int) -> GatewayError:
     return GatewayError(503, "no endpoint of this model could be reached; try again shortly",
                         code="upstream_unreachable", headers=[(b"retry-after", b"1")])
 
-
-def _upstream_message(body: bytes, status: int) -> str:
-    try:
-        message = json.loads(body)["error"]["message"]
-        if isinstance(message, str):
-            return message
-    except (ValueError, KeyError, TypeError):
-        pass
-    return f"the model server answered {status}"

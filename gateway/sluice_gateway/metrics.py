@@ -7,9 +7,11 @@ series stay bounded; endpoint series are removed when the endpoint leaves the ta
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from sluice_contracts import demand
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_HOLD = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
 
 class GatewayMetrics:
@@ -17,8 +19,8 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "sluice_gateway_requests", "Requests answered, by route, backend, tenant and HTTP status.",
-            ["route", "backend", "tenant", "status"], registry=r,
+            demand.REQUESTS, "Requests answered, by route, backend, tenant and HTTP status.",
+            ["route", demand.BACKEND_LABEL, "tenant", "status"], registry=r,
         )
         self.overhead = Histogram(
             "sluice_gateway_overhead_seconds", "Time the gateway itself adds to a request.", buckets=_FAST, registry=r
@@ -49,7 +51,29 @@ class GatewayMetrics:
             "sluice_gateway_client_disconnects", "Requests whose client left before the response ended.", registry=r
         )
         self.in_flight = Gauge("sluice_gateway_requests_in_flight", "Requests being proxied now.", registry=r)
+        self._declare_demand(r)
         self._declare_state(r)
+
+    def _declare_demand(self, r: CollectorRegistry) -> None:
+        """Scale to zero: what the operator reads (sluice_contracts.demand) and how long clients waited."""
+        self.held_requests = Gauge(
+            demand.HELD_REQUESTS, "Requests held now because the model has no endpoint (scaled to zero, starting).",
+            [demand.BACKEND_LABEL], registry=r,
+        )
+        self.backend_in_flight = Gauge(
+            demand.BACKEND_IN_FLIGHT, "Requests forwarded to the model and not yet answered in full.",
+            [demand.BACKEND_LABEL], registry=r,
+        )
+        self.hold_seconds = Histogram(
+            "sluice_gateway_hold_seconds",
+            "Time a request was held for its model to start, by outcome: forwarded, timeout, shutdown, client_left.",
+            [demand.BACKEND_LABEL, "outcome"], buckets=_HOLD, registry=r,
+        )
+        self.hold_refusals = Counter(
+            "sluice_gateway_hold_refusals",
+            "Requests answered 503 while their model started, by reason: full, timeout, shutdown.",
+            [demand.BACKEND_LABEL, "reason"], registry=r,
+        )
 
     def _declare_state(self, r: CollectorRegistry) -> None:
         """What the gateway serves from: endpoints, files, readiness, the limiter's store."""

@@ -2,7 +2,8 @@
 (event by event as it arrives, under the idle and total deadlines).
 
 Once the response headers are out the status cannot change: a stream cut short by the upstream ends with an
-error event in the stream's own format. A response not read to its end closes its upstream connection (never
+error event in the stream's own format, and so does an error answer to a stream whose headers went out while it
+was held for its model to start (cold_start_hold.py). A response not read to its end closes its upstream connection (never
 reused), so the runtime sees the disconnect and aborts the request.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from .config import Timeouts
 from .connection_pool import ResponseTooLarge, UpstreamError, UpstreamResponse
-from .errors import GatewayError
+from .errors import GatewayError, error_type
 from .metrics import GatewayMetrics
 from .request_context import RequestContext
 from .usage_scan import inspect_events, read_usage
@@ -39,6 +40,8 @@ class ResponseRelay:
         try:
             if ctx.stream and resp.content_type == "text/event-stream":
                 await self._stream(ctx, resp, headers_at, deadline, send)
+            elif ctx.response_started:
+                await self._as_error_event(ctx, resp, deadline, send)
             else:
                 await self._whole(ctx, resp, deadline, send)
         except (UpstreamError, TimeoutError) as exc:
@@ -57,14 +60,21 @@ class ResponseRelay:
         if resp.status == 200:  # after sending: accounting is off the client's critical path
             read_usage(data, ctx.outcome)
 
+    async def _as_error_event(self, ctx: RequestContext, resp: UpstreamResponse, deadline: float, send: Send) -> None:
+        """An answer that is not a stream, to a stream whose headers are out: its error as the last event."""
+        data = await self._read_whole(ctx, resp, deadline)
+        ctx.outcome.responded = True
+        await send({"type": "http.response.body", "body": error_event(resp.status, upstream_message(data, resp.status))})
+
     async def _stream(
         self, ctx: RequestContext, resp: UpstreamResponse, headers_at: float, deadline: float, send: Send,
     ) -> None:
         loop = asyncio.get_running_loop()
         ctx.outcome.overhead_s += time.perf_counter() - headers_at
-        await send({"type": "http.response.start", "status": resp.status, "headers": [
-            *_content_headers(resp), (b"cache-control", b"no-cache"), *ctx.response_headers, _overhead_header(ctx),
-        ]})
+        if not ctx.response_started:
+            await send({"type": "http.response.start", "status": resp.status, "headers": [
+                *_content_headers(resp), (b"cache-control", b"no-cache"), *ctx.response_headers, _overhead_header(ctx),
+            ]})
         pending = b""
         idle = self._timeouts.idle_s
         async with asyncio.timeout_at(min(loop.time() + idle, deadline)) as silence:
@@ -90,10 +100,8 @@ class ResponseRelay:
         reason = "timed out" if isinstance(exc, TimeoutError) else "closed the connection"
         self._metrics.upstream_errors.labels(ctx.outcome.backend, "mid_stream").inc()
         ctx.outcome.finish_reason = "upstream_error"
-        error = json.dumps({"error": {"message": f"the model server {reason} mid-response",
-                                      "type": "upstream_error", "param": None, "code": None}})
         ctx.outcome.responded = True
-        await send({"type": "http.response.body", "body": f"data: {error}\n\n".encode()})
+        await send({"type": "http.response.body", "body": error_event(502, f"the model server {reason} mid-response")})
 
     def _events(self, ctx: RequestContext, events: bytes) -> bytes:
         outcome = ctx.outcome
@@ -116,6 +124,22 @@ class ResponseRelay:
             raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
         except UpstreamError:
             raise GatewayError(502, "the model server closed the connection mid-response") from None
+
+
+def error_event(status: int, message: str, code: str | None = None) -> bytes:
+    """An error as the last event of a stream whose headers are out, in the shape the OpenAI client raises."""
+    error = json.dumps({"error": {"message": message, "type": error_type(status), "param": None, "code": code}})
+    return f"data: {error}\n\n".encode()
+
+
+def upstream_message(body: bytes, status: int) -> str:
+    try:
+        message = json.loads(body)["error"]["message"]
+        if isinstance(message, str):
+            return message
+    except (ValueError, KeyError, TypeError):
+        pass
+    return f"the model server answered {status}"
 
 
 def _content_headers(resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:

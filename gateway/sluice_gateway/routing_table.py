@@ -42,6 +42,15 @@ def reachable(table: RoutingTable, public_name: str, allowed: Callable[[str], bo
     return found
 
 
+def starting_models(routes: list[tuple[str, Route]]) -> tuple[str, ...]:
+    """The models to wait for when no backend of these routes (fallbacks included) lists an endpoint: the first
+    route's, scaled to zero or starting. Empty when one lists any: endpoints that are listed but failing are the
+    picker's to route around, not a reason to hold."""
+    if not routes or any(b.endpoints for _, route in routes for b in route.backends if b.weight > 0):
+        return ()
+    return tuple(dict.fromkeys(b.name for b in routes[0][1].backends if b.weight > 0))
+
+
 def max_model_len(routes: list[tuple[str, Route]]) -> int | None:
     """The largest context among these routes' backends (any may serve); None if one does not say."""
     lengths = [b.capabilities.max_model_len for _, route in routes for b in route.backends if b.weight > 0]

@@ -87,7 +87,8 @@ def test_nothing_to_serve_is_503_with_retry_after(start_gateway):
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, never listening: connection refused
         routes = table(empty={"backends": [backend("none-ready")]}, dead={"backends": [backend("dead", dead)]})
-        gateway = start_gateway(gateway_config(tenant()), routes)
+        # A model with no endpoint at all is held while it starts (test_gateway_cold_start.py), at most max_wait_s.
+        gateway = start_gateway(gateway_config(tenant(), cold_start={"max_wait_s": 1}), routes)
         for model in ("empty", "dead"):
             response = httpx.post(f"{gateway.url}/v1/chat/completions", json=chat(model), headers=HEADERS)
             assert response.status_code == 503, response.text
