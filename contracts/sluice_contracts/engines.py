@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from .metric_names import KV_CACHE_USAGE, MODEL_LABEL, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING
+from .metric_names import GPU_CACHE_USAGE, KV_CACHE_USAGE, MODEL_LABEL, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING
 
 Engine = Literal["sluice", "vllm", "sglang"]
 ENGINES: tuple[str, ...] = ("sluice", "vllm", "sglang")
@@ -38,7 +38,7 @@ class LoadGauges:
 
 LOAD_GAUGES: dict[str, LoadGauges] = {
     "sluice": LoadGauges((NUM_REQUESTS_RUNNING,), (NUM_REQUESTS_WAITING,), (KV_CACHE_USAGE,)),
-    "vllm": LoadGauges((NUM_REQUESTS_RUNNING,), (NUM_REQUESTS_WAITING,), (KV_CACHE_USAGE, "vllm:gpu_cache_usage_perc")),
+    "vllm": LoadGauges((NUM_REQUESTS_RUNNING,), (NUM_REQUESTS_WAITING,), (KV_CACHE_USAGE, GPU_CACHE_USAGE)),
     "sglang": LoadGauges(("sglang:num_running_reqs",), ("sglang:num_queue_reqs",), ("sglang:token_usage",)),
 }
 

@@ -12,6 +12,9 @@ MODEL_LABEL = "model_name"
 NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # 0-1, despite the name
+# The same gauge under vLLM's name before its V1 engine: the default of the Gateway API Inference Extension's
+# endpoint picker (v1.2.0, --kv-cache-usage-percentage-metric), so a GIE gateway reads a Sluice runtime unchanged.
+GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels block_size and num_gpu_blocks, value 1
 
 # Counters (exposed as NAME_total).

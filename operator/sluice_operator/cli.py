@@ -46,6 +46,17 @@ def _parser() -> argparse.ArgumentParser:
                         help="labels of the operator's pods in --release-namespace (its autoscaler scrapes them)")
     policy.add_argument("--network-policy-monitoring", type=_labels, metavar="K=V,...",
                         help="labels of the namespaces whose pods scrape runtime pods' /metrics (optional)")
+    run.add_argument("--engine-image", type=_engine_image, action="append", default=[], metavar="ENGINE=IMAGE",
+                     help="the image of an engine (sluice, vllm, sglang) for models whose runtime.image is unset "
+                          "(repeatable; default: the pinned images in the CRD's description)")
+    pools = run.add_argument_group(
+        "InferencePools", "Gateway API Inference Extension pools (inference.networking.k8s.io/v1) of runtime pods")
+    pools.add_argument("--inference-pools", action="store_true",
+                       help="give every model without spec.inferencePool an InferencePool")
+    pools.add_argument("--endpoint-picker", type=_endpoint_picker, default=None, metavar="SERVICE[:PORT]",
+                       help="the endpoint picker Service the pools name (port default 9002), where a spec names none")
+    pools.add_argument("--endpoint-picker-failure-mode", choices=["FailOpen", "FailClose"], default="FailClose",
+                       help="what a gateway does when that picker does not answer")
     run.add_argument("--verbose", action="store_true", help="debug logging")
 
     crds = commands.add_parser("crds", help="write crds/*.yaml from the pydantic models")
@@ -58,6 +69,23 @@ def _dns_label(value: str) -> str:
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63:
         raise argparse.ArgumentTypeError(f"{value!r} is not a DNS label (at most 63 lowercase letters, digits, '-')")
     return value
+
+
+def _engine_image(value: str) -> tuple[str, str]:
+    from sluice_contracts.engines import ENGINES
+
+    engine, equals, image = value.partition("=")
+    if not equals or engine not in ENGINES or not image.strip() or len(image) > 512:
+        raise argparse.ArgumentTypeError(f"{value!r} is not ENGINE=IMAGE with ENGINE one of {', '.join(ENGINES)}")
+    return engine, image
+
+
+def _endpoint_picker(value: str) -> tuple[str, int]:
+    name, colon, port = value.partition(":")
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 63 or (
+            colon and not (port.isdigit() and 1 <= int(port) <= 65535)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not SERVICE[:PORT] (a DNS label, a port 1-65535)")
+    return name, int(port) if colon else 9002
 
 
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -94,6 +122,26 @@ def _release(args: argparse.Namespace) -> "Release | None":
     return Release(args.release, args.release_namespace, network)
 
 
+def _engine_images(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    images: dict[str, str] = {}
+    for engine, image in pairs:
+        if engine in images:
+            _parser().error(f"--engine-image names {engine} twice")
+        images[engine] = image
+    return images
+
+
+def _pool_defaults(args: argparse.Namespace) -> "PoolDefaults":
+    from .builders.inference_pool import PoolDefaults
+    from .crd.inference_model import EndpointPickerRef
+
+    picker = None
+    if args.endpoint_picker is not None:
+        name, port = args.endpoint_picker
+        picker = EndpointPickerRef(name=name, port=port, failure_mode=args.endpoint_picker_failure_mode)
+    return PoolDefaults(enabled=args.inference_pools, picker=picker)
+
+
 def _crds(out: Path, check: bool) -> int:
     rendered = render_definitions()
     stale = [name for name, text in rendered.items() if not (out / name).is_file() or (out / name).read_text() != text]
@@ -126,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             autoscale_interval=args.autoscale_interval,
             release=release,
             verbose=args.verbose,
+            engine_images=_engine_images(args.engine_image),
+            pool_defaults=_pool_defaults(args),
         )
     )
 

@@ -117,6 +117,24 @@ class Kube:
                 raise item
             yield item
 
+    # The Gateway API Inference Extension's InferencePool: a custom resource of another project, which may not
+    # be installed (its calls then raise a 404 ApiException).
+    async def apply_pool(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        group, version = manifest["apiVersion"].split("/")
+        meta = manifest["metadata"]
+        return await self._call(self.custom.patch_namespaced_custom_object, group, version, meta["namespace"],
+                                "inferencepools", meta["name"], manifest, field_manager=FIELD_MANAGER, force=True,
+                                _content_type=APPLY)
+
+    async def read_pool(self, group: str, version: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pool, or None when there is none (or no InferencePool CRD)."""
+        return await self._call_unless(404, self.custom.get_namespaced_custom_object, group, version, namespace,
+                                       "inferencepools", name)
+
+    async def delete_pool(self, group: str, version: str, namespace: str, name: str) -> None:
+        await self._call_unless(404, self.custom.delete_namespaced_custom_object, group, version, namespace,
+                                "inferencepools", name)
+
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         result = await self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
         return result.get("items") or []

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from . import health
 from .builders import Release
+from .builders.inference_pool import PoolDefaults
 from .crd import GROUP
 from .handlers.credential import follow_source
 from .handlers.registration import register
@@ -28,6 +29,8 @@ class OperatorOptions:
     autoscale_interval: float
     release: Release | None  # None: runtime pods check no credential
     verbose: bool
+    engine_images: dict[str, str] = field(default_factory=dict)  # engine → image, where a spec names none
+    pool_defaults: PoolDefaults = field(default_factory=PoolDefaults)
 
 
 def _configure(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
@@ -51,7 +54,8 @@ def run_operator(options: OperatorOptions) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     load_config()
-    state = OperatorState(kube=Kube(), autoscale_interval=options.autoscale_interval, release=options.release)
+    state = OperatorState(kube=Kube(), autoscale_interval=options.autoscale_interval, release=options.release,
+                          engine_images=dict(options.engine_images), pool_defaults=options.pool_defaults)
     registry = kopf.OperatorRegistry()
     register(registry, state)
 

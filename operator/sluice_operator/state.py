@@ -8,6 +8,7 @@ from sluice_contracts.routing_table import RoutingTable
 
 from .autoscaler import History
 from .builders import Release
+from .builders.inference_pool import PoolDefaults
 from .metrics import OperatorMetrics
 from .coalesce import Coalescer
 from .kube import Kube
@@ -50,10 +51,13 @@ class OperatorState:
     adapters: dict[Key, ModelAdapters] = field(default_factory=dict)
     adapter_syncs: Coalescer = field(default_factory=lambda: Coalescer(0.1))
     adapter_conflicts: dict[str, set[tuple[str, str]]] = field(default_factory=dict)  # by namespace, warned of
+    engine_images: dict[str, str] = field(default_factory=dict)  # the release's image per engine (chart values)
+    pool_defaults: PoolDefaults = field(default_factory=PoolDefaults)  # the chart's InferencePool settings
+    pool_errors: dict[Key, str] = field(default_factory=dict)  # why a model's InferencePool could not be applied
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """A deleted InferenceModel leaves nothing behind in memory either."""
-        for by_key in (self.apply_errors, self.endpoint_counts, self.decisions, self.adapters):
+        for by_key in (self.apply_errors, self.endpoint_counts, self.decisions, self.adapters, self.pool_errors):
             by_key.pop((namespace, name), None)
         self.histories.pop(uid, None)
         self.drains.pop(uid, None)

@@ -31,6 +31,8 @@ class _EngineStateCollector:
             (GaugeMetricFamily, names.NUM_REQUESTS_RUNNING, "Requests in the running batch.", s.num_running),
             (GaugeMetricFamily, names.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", s.num_waiting),
             (GaugeMetricFamily, names.KV_CACHE_USAGE, "Fraction of KV-cache blocks in use (0-1).", s.kv_cache_usage),
+            (GaugeMetricFamily, names.GPU_CACHE_USAGE, "Fraction of KV-cache blocks in use (0-1); vLLM's name before "
+             "its V1 engine, which GIE's endpoint picker reads by default.", s.kv_cache_usage),
             (CounterMetricFamily, names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
              s.prefix_cache_queries),
             (CounterMetricFamily, names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.",

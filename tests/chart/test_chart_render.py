@@ -103,14 +103,18 @@ def test_operator_rbac_with_watch_namespaces_is_namespaced_only(helm, full_objec
 
 
 def test_operator_rules_grant_nothing_broad():
-    """No verb on a kind it does not own; ConfigMaps and Secrets only by name; no delete outside what it owns."""
+    """No verb on a kind it does not own; ConfigMaps and Secrets only by name; no delete outside what it owns (by
+    name, or a model's own InferencePool)."""
     rules = _rules("served", "release", "cluster")
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
         if {"configmaps", "secrets", "networkpolicies"} & set(rule["resources"]):
             assert rule.get("resourceNames"), rule
-        if "delete" in rule["verbs"] or "deletecollection" in rule["verbs"]:
-            assert rule.get("resourceNames"), rule
+        assert "deletecollection" not in rule["verbs"], rule
+        if "delete" in rule["verbs"]:
+            # A model's InferencePool is named like the model (unknown in advance); the operator deletes only a
+            # pool whose controller reference is that model, when the model stops asking for one.
+            assert rule.get("resourceNames") or rule["resources"] == ["inferencepools"], rule
     pods = [r for r in rules if "pods" in r["resources"]]
     assert [sorted(r["verbs"]) for r in pods] == [["list", "patch", "watch"]]
 
@@ -158,6 +162,23 @@ def test_operator_replicas_elect_a_leader(helm, full_objects):
     refused = helm.run("template", "sluice", str(CHART), "--set", "operator.replicaCount=2",
                        "--set", "operator.leaderElection.enabled=false", check=False)
     assert refused.returncode != 0 and "needs operator.leaderElection.enabled" in refused.stderr
+
+
+def test_engine_images_and_inference_pools_reach_the_operator(helm):
+    objects = helm.template("--set", "operator.engineImages.vllm=registry.local/vllm-openai:v0.11.0",
+                            "--set", "inferencePool.enabled=true", "--set", "inferencePool.endpointPicker.name=epp",
+                            "--set", "inferencePool.endpointPicker.failureMode=FailOpen")
+    args = pod_spec(one(objects, "Deployment", "-operator"))["containers"][0]["args"]
+    assert {"--engine-image=vllm=registry.local/vllm-openai:v0.11.0", "--inference-pools",
+            "--endpoint-picker=epp:9002", "--endpoint-picker-failure-mode=FailOpen"} <= set(args)
+    plain = pod_spec(one(helm.template(), "Deployment", "-operator"))["containers"][0]["args"]
+    assert not [a for a in plain if a.startswith(("--engine-image", "--inference-pools", "--endpoint-picker"))]
+    for bad, where in ((["--set", "operator.engineImages.tgi=x"], "additional properties 'tgi' not allowed"),
+                       (["--set", "inferencePool.endpointPicker.name=EPP"], "/inferencePool/endpointPicker/name"),
+                       (["--set", "inferencePool.endpointPicker.failureMode=Open"],
+                        "/inferencePool/endpointPicker/failureMode")):
+        refused = helm.run("template", "sluice", str(CHART), *bad, check=False)
+        assert refused.returncode != 0 and where in refused.stderr, refused.stderr
 
 
 @pytest.mark.parametrize(

@@ -535,6 +535,68 @@ def test_restart_changes_nothing(setup, samples):
     assert operator.forbidden() == [], "the operator needed a permission its RBAC does not grant"
 
 
+POOLED = {
+    "apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "pooled"},
+    "spec": {"model": {"source": "smollm2"}, "runtime": {"engine": "vllm"},
+             "inferencePool": {"endpointPicker": {"name": "epp", "port": 9002}}},
+}
+
+
+def test_inference_pool_is_made_valid_updated_reported_and_collected(setup):
+    from fixtures.gie import inference_pool_crd
+
+    api, operator = setup
+    api.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(inference_pool_crd()))
+    api.cluster.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
+                        "crd/inferencepools.inference.networking.k8s.io")
+    api.apply(POOLED)
+    pool = wait_for(lambda: api.get("inferencepool", "pooled"), timeout=60, what="the InferencePool")
+    model = api.get("im", "pooled")
+    deployment = wait_for(lambda: api.get("deployment", "pooled"), timeout=30, what="the Deployment")
+    assert pool["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"] == {"group": "", "kind": "Service", "name": "epp",
+                                                 "port": {"number": 9002}, "failureMode": "FailClose"}
+    (owner,) = pool["metadata"]["ownerReferences"]
+    assert owner["uid"] == model["metadata"]["uid"] and owner["controller"]
+    status = wait_for(lambda: (api.get("im", "pooled").get("status") or {}).get("inferencePool"), timeout=30,
+                      what="the pool in the model's status")
+    assert status["accepted"] == "Unknown" and "no gateway" in status["message"]
+
+    # A gateway accepts the pool (written as a GIE controller writes it): the model reports it.
+    parents = {"status": {"parents": [{
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"},
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "attached",
+                        "observedGeneration": 1, "lastTransitionTime": "2026-12-01T00:00:00Z"}]}]}}
+    api.run("patch", "inferencepool", "pooled", "--subresource=status", "--type=merge", "-p", json.dumps(parents))
+    wait_for(lambda: api.get("im", "pooled")["status"]["inferencePool"]["accepted"] == "True", timeout=40,
+             what="the model to report the pool accepted")
+    assert "Gateway inference-gateway" in api.get("im", "pooled")["status"]["inferencePool"]["message"]
+
+    # The pool follows the model's spec.
+    api.run("patch", "im", "pooled", "--type=merge", "-p",
+            '{"spec": {"inferencePool": {"endpointPicker": {"name": "epp-2", "port": 9003, "failureMode": "FailOpen"}}}}')
+    wait_for(lambda: api.get("inferencepool", "pooled")["spec"]["endpointPickerRef"]["name"] == "epp-2", timeout=60,
+             what="the pool to follow the model")
+    ref = api.get("inferencepool", "pooled")["spec"]["endpointPickerRef"]
+    assert (ref["port"], ref["failureMode"]) == ({"number": 9003}, "FailOpen")
+    # A picker name the CRD would not take is refused with the model, before any pool is touched.
+    refused = api.run("patch", "im", "pooled", "--type=merge", "-p",
+                      '{"spec": {"inferencePool": {"endpointPicker": {"name": "EPP_2"}}}}', check=False)
+    assert refused.returncode != 0 and "spec.inferencePool.endpointPicker.name" in refused.stderr
+    # Turned off: the pool goes, and so does its status.
+    api.run("patch", "im", "pooled", "--type=merge", "-p", '{"spec": {"inferencePool": {"enabled": false}}}')
+    wait_for(lambda: api.get("inferencepool", "pooled") is None, timeout=60, what="the pool to be deleted")
+    wait_for(lambda: "inferencePool" not in (api.get("im", "pooled").get("status") or {}), timeout=30,
+             what="the pool's status to go")
+    # Back on, then the model deleted: the pool is garbage-collected with it.
+    api.run("patch", "im", "pooled", "--type=merge", "-p", '{"spec": {"inferencePool": {"enabled": true}}}')
+    wait_for(lambda: api.get("inferencepool", "pooled"), timeout=60, what="the pool again")
+    api.run("delete", "im", "pooled", "--wait=true", "--timeout=60s")
+    wait_for(lambda: api.get("inferencepool", "pooled") is None, timeout=60, what="the pool to be collected")
+    assert operator.forbidden() == []
+
+
 def test_deletion_leaves_nothing_behind(setup, samples):
     api, operator = setup
     api.run("delete", "mr", "chat")

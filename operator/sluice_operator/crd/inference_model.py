@@ -366,6 +366,22 @@ class RolloutSpec(SpecModel):
         return self
 
 
+class EndpointPickerRef(SpecModel):
+    name: str = Field(description="Service of the endpoint picker (e.g. llm-d's inference scheduler) in the "
+                                  "model's namespace.", min_length=1, max_length=63,
+                      pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    port: int = Field(default=9002, ge=1, le=65535, description="Its gRPC (ext-proc) port.")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailClose", description="What the gateway does when the picker does not answer.")
+
+
+class InferencePoolSpec(SpecModel):
+    enabled: bool = Field(default=True, description="Create the InferencePool (false: none, whatever the chart "
+                                                    "says).")
+    endpoint_picker: EndpointPickerRef | None = Field(
+        default=None, description="The pool's endpoint picker; unset: the chart's (inferencePool.endpointPicker).")
+
+
 class InferenceModelSpec(SpecModel):
     model: ModelSource = Field(description="Where the model weights come from.")
     served_model_name: str | None = Field(
@@ -398,6 +414,12 @@ class InferenceModelSpec(SpecModel):
     )
     pod_annotations: dict[str, str] = Field(
         default_factory=dict, description="Extra annotations on the runtime pods.",
+    )
+    inference_pool: InferencePoolSpec | None = Field(
+        default=None,
+        description="A Gateway API Inference Extension InferencePool (inference.networking.k8s.io/v1) selecting "
+                    "this model's runtime pods, so a GIE gateway (Envoy Gateway, kgateway, Istio, GKE) routes to "
+                    "them through an endpoint picker; unset: as the chart says (inferencePool.enabled).",
     )
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec, description="How a spec change replaces pods.", json_schema_extra={"default": RolloutSpec().wire()}
@@ -471,6 +493,14 @@ class AutoscalerDecision(StatusModel):
     metrics: AutoscalerMetrics = Field(default_factory=AutoscalerMetrics, description="The inputs.")
 
 
+class InferencePoolStatus(StatusModel):
+    name: str = Field(description="The InferencePool, named like the model.", max_length=253)
+    accepted: Literal["True", "False", "Unknown"] = Field(
+        description="Whether a gateway accepted the pool (its parents' Accepted conditions); Unknown until one "
+                    "references it.")
+    message: str = Field(default="", description="Why, in words.", max_length=1024)
+
+
 class InferenceModelStatus(StatusModel):
     observed_generation: int | None = Field(default=None, description="The metadata.generation last reconciled.")
     conditions: list[Condition] = Field(
@@ -481,6 +511,8 @@ class InferenceModelStatus(StatusModel):
     endpoints: int | None = Field(default=None, description="Ready endpoints published in the routing table.")
     selector: str | None = Field(default=None, description="Label selector of the pods, for the scale subresource.")
     autoscaler: AutoscalerDecision | None = Field(default=None, description="The autoscaler's last decision.")
+    inference_pool: InferencePoolStatus | None = Field(
+        default=None, description="The InferencePool made for this model, and whether a gateway accepted it.")
     last_cold_start_seconds: float | None = Field(
         default=None,
         description="The last scale from zero: seconds from the first request held for the model to its first "

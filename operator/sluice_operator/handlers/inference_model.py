@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from ..builders import Owner, build_all, conflict_message, foreign
 from ..crd import InferenceModel, InferenceModelSpec
 from ..state import OperatorState
-from . import release_objects
+from . import inference_pool, release_objects
 from .model_status import refresh
 
 
@@ -78,6 +78,7 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
                 raise kopf.PermanentError(message) from None
             state.metrics.reconciles.labels("retry").inc()
             raise kopf.TemporaryError(message, delay=10) from None
+    await inference_pool.sync(state, owner, spec)
     state.metrics.reconciles.labels("applied").inc()
     had_error = state.apply_errors.pop(key, None) is not None
     if reason != "resume" or had_error:

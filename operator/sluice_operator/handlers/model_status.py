@@ -8,6 +8,7 @@ from ..builders.adapter_status import adapters_status
 from ..crd import InferenceModel
 from ..pods import unschedulable_message
 from ..state import OperatorState
+from . import inference_pool
 
 
 def now() -> str:
@@ -37,6 +38,7 @@ async def refresh(state: OperatorState, namespace: str, name: str) -> None:
     elif "autoscaler" in existing:
         status["autoscaler"] = existing["autoscaler"]
     status.update(_adapters(state, namespace, name, model))
+    status.update(await inference_pool.pool_status(state, namespace, name, model.get("spec") or {}, existing))
     if status != existing:
         await state.kube.patch_status(InferenceModel.plural, namespace, name, status)
 

@@ -7,12 +7,14 @@ from typing import Any
 import kopf
 
 from ..crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION, InferenceModel, ModelRoute
+from ..builders.inference_pool import pool_enabled
 from ..state import OperatorState
 from . import adapters, autoscaling, inference_model
 from .model_status import request_refresh
 from .routing import request_compile
 
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+POOL_STATUS_SECONDS = 10.0
 
 
 def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
@@ -47,6 +49,12 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 when=lambda spec, **_: bool(spec.get("autoscaling")), registry=registry)
     async def autoscale(body: kopf.Body, namespace: str, name: str, uid: str, logger: logging.Logger, **_: Any) -> None:
         await autoscaling.tick(state, dict(body), namespace, name, uid)
+
+    # A gateway accepting a pool writes the pool's status, which brings no event here: look again now and then.
+    @kopf.timer(GROUP, VERSION, InferenceModel.plural, interval=POOL_STATUS_SECONDS,
+                when=lambda spec, **_: pool_enabled(spec, state.pool_defaults), registry=registry)
+    async def refresh_pool_status(namespace: str, name: str, **_: Any) -> None:
+        request_refresh(state, namespace, name)
 
     @kopf.timer(GROUP, VERSION, InferenceModel.plural, interval=adapters.RESYNC_SECONDS,
                 when=lambda spec, **_: spec.get("adapters") is not None, registry=registry)
