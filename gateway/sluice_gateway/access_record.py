@@ -32,6 +32,7 @@ def _line(ctx: RequestContext) -> dict:
         "key_id": ctx.principal.key_id if ctx.principal else None,
         "route": outcome.route,
         "backend": outcome.backend,
+        "adapter": outcome.adapter,
         "endpoint": outcome.endpoint,
         "status": outcome.status,
         "attempts": outcome.attempts,

@@ -80,7 +80,8 @@ class Forwarder:
         outcome.attempts += 1
         if outcome.attempts > 1:
             self._metrics.retries.labels(attempt.route).inc()
-        outcome.route, outcome.backend, outcome.endpoint = attempt.route, attempt.backend.public_name, attempt.endpoint.url
+        outcome.route, outcome.backend, outcome.endpoint = attempt.route, attempt.backend.name, attempt.endpoint.url
+        outcome.adapter = attempt.backend.adapter
         ctx.parsed.payload["model"] = attempt.backend.served_model_name
         body = json.dumps(ctx.parsed.payload, separators=(",", ":")).encode()
         if outcome.attempts == 1:
@@ -122,7 +123,7 @@ class Forwarder:
             # The runtime refused the gateway's credential (a wrong Secret, or a rotation the gateway has not
             # seen yet). The client's key is not at fault, so the client must not see the runtime's 401.
             resp.close()
-            self._metrics.upstream_errors.labels(attempt.backend.public_name, "unauthorized").inc()
+            self._metrics.upstream_errors.labels(attempt.backend.name, "unauthorized").inc()
             return GatewayError(502, "the model server refused the gateway's runtime credential",
                                 code="upstream_unauthorized")
         if resp.status not in _RETRY_STATUSES:
@@ -135,7 +136,7 @@ class Forwarder:
         finally:
             resp.release()
         if resp.status == 503:
-            self._metrics.upstream_errors.labels(attempt.backend.public_name, "overloaded").inc()
+            self._metrics.upstream_errors.labels(attempt.backend.name, "overloaded").inc()
         else:
             self._failed(attempt, f"status_{resp.status}")
         retry_after = resp.headers.get("retry-after", "")
@@ -146,12 +147,13 @@ class Forwarder:
 
     def _answered(self, ctx: RequestContext, attempt: Attempt) -> None:
         self._picker.report_success(attempt.endpoint)
-        self._metrics.upstream_latency.labels(attempt.route, attempt.backend.public_name).observe(ctx.outcome.upstream_s)
+        self._metrics.upstream_latency.labels(attempt.route, attempt.backend.name).observe(ctx.outcome.upstream_s)
+        # The adapter's name for its requests: what a client asked for, where the model's name says less.
         ctx.response_headers.append((b"x-sluice-backend", attempt.backend.public_name.encode()))
 
     def _failed(self, attempt: Attempt, kind: str) -> None:
         self._picker.report_failure(attempt.endpoint)
-        self._metrics.upstream_errors.labels(attempt.backend.public_name, kind).inc()
+        self._metrics.upstream_errors.labels(attempt.backend.name, kind).inc()
 
 
 def _nothing_answered(attempts: int) -> GatewayError:

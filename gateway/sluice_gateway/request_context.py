@@ -16,7 +16,8 @@ class Outcome:
     """What happened to one request; feeds the metrics and the access log."""
 
     route: str = ""
-    backend: str = ""
+    backend: str = ""  # the InferenceModel (what the demand signal of scale to zero counts by)
+    adapter: str | None = None  # the LoRA adapter of that model that served it, if one did
     endpoint: str = ""
     status: int = 0
     attempts: int = 0

@@ -54,6 +54,12 @@ def test_adapters_are_public_names_served_to_the_keys_that_may_use_them(gateway)
     assert listed(gateway, EVERYTHING) == ["base", "chat", "sql-v1"]
     served = post(gateway, SQL_ONLY, "sql-v1")
     assert served.status_code == 200 and served.headers["x-sluice-backend"] == "sql-v1"
+    # Counted under the InferenceModel, as scale to zero reads the demand, with the adapter in the access log.
+    metrics = httpx.get(f"{gateway.metrics_url}/metrics").text
+    assert 'sluice_gateway_requests_total{backend="base",route="sql-v1",status="200",tenant="sql-only"}' in metrics
+    request_id = served.headers["x-sluice-request-id"]
+    line = gateway.access_lines(request_id)[request_id]
+    assert (line["backend"], line["adapter"]) == ("base", "sql-v1")
     assert listed(gateway, SQL_ONLY) == ["sql-v1"]
     assert post(gateway, SQL_ONLY, "base").status_code == 403
 
