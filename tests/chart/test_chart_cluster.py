@@ -154,7 +154,10 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
                             ("patch", "inferencemodels/scale"), ("list", "pods"), ("watch", "pods"), ("patch", "pods"),
                             ("create", "configmaps/sluice-routing-table"), ("delete", "configmaps/sluice-routing-table"),
                             ("create", credential), ("patch", credential), ("delete", credential),
-                            ("create", policy), ("delete", policy), ("create", "events")):
+                            ("create", policy), ("delete", policy), ("create", "events"),
+                            ("create", "inferencepools.inference.networking.k8s.io"),
+                            ("patch", "inferencepools.inference.networking.k8s.io"),
+                            ("delete", "inferencepools.inference.networking.k8s.io")):
                 assert _can(cluster, account, *request, "-n", namespace), (namespace, request)
         for namespace in (watched, elsewhere):
             # Only what it owns, by name; nothing it has no feature for.
@@ -163,7 +166,9 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
                             ("get", "secrets/someone-elses"), ("delete", "pods"), ("create", "pods"),
                             ("delete", "deployments"), ("delete", "services"), ("get", "pods"),
                             ("delete", "networkpolicies/someone-elses"), ("create", "roles"),
-                            ("update", "inferencemodels/status")):
+                            ("update", "inferencemodels/status"),
+                            ("deletecollection", "inferencepools.inference.networking.k8s.io"),
+                            ("update", "inferencepools.inference.networking.k8s.io/status")):
                 assert not _can(cluster, account, *request, "-n", namespace), (namespace, request)
         # Its own namespace: the credential's source, followed by a watch of that one name.
         for request in (("get", credential), ("watch", credential), ("list", credential), ("create", credential)):
