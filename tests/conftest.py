@@ -10,6 +10,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # module it imports itself.
 pytest_plugins = [
     "fixtures.model",
+    "fixtures.lora",
     "fixtures.cluster",
     "fixtures.gateway",
     "fixtures.redis",

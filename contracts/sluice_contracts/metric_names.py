@@ -16,6 +16,11 @@ KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # 0-1, despite the name
 # endpoint picker (v1.2.0, --kv-cache-usage-percentage-metric), so a GIE gateway reads a Sluice runtime unchanged.
 GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels block_size and num_gpu_blocks, value 1
+# Labels below (adapter names comma-separated, and the resident limit); value: the scrape's Unix time, as vLLM.
+LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+LORA_RUNNING_LABEL = "running_lora_adapters"
+LORA_WAITING_LABEL = "waiting_lora_adapters"
+LORA_MAX_LABEL = "max_lora"
 
 # Counters (exposed as NAME_total).
 PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"

@@ -40,6 +40,9 @@ TENSOR_PARALLEL_SIZE = IntRange("tensor parallel size", 1, 64)
 # LoRA: adapters resident in the engine at once (others wait in CPU memory), and the largest rank it takes.
 MAX_LORAS = IntRange("max loras", 1, 256)
 MAX_LORA_RANK = IntRange("max lora rank", 1, 512)
+# An adapter is requested by name as a model, so the name travels in JSON bodies, routing tables and metric
+# labels: letters, digits and . _ - only (no commas, which separate names in vllm:lora_requests_info).
+LORA_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 def is_block_size(value: object) -> bool:
@@ -49,6 +52,11 @@ def is_block_size(value: object) -> bool:
 
 def block_size_message(value: object) -> str:
     return f"block size must be a power of two up to {BLOCK_SIZES[-1]}, got {value!r}"
+
+
+def lora_name_message(value: object) -> str:
+    return (f"LoRA adapter name must be 1 to 128 letters, digits, '.', '_' or '-' (starting with a letter or "
+            f"digit), got {value!r}")
 
 
 def dtype_message(value: object) -> str:

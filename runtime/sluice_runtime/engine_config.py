@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 
 from sluice_contracts import runtime_flags
-from sluice_contracts.runtime_flags import DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
+from sluice_contracts.runtime_flags import (DTYPES, LORA_NAME_PATTERN, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN,
+                                           MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE)
 
 from .flags import add_flags, flag, from_flags
 
@@ -88,6 +89,13 @@ class EngineConfig:
     pooling: str = flag("mean", "how /v1/embeddings and /v1/rerank pool a prompt's final hidden states: mean (of "
                                 "every token) or last (the last token's, what decoder embedding models are trained "
                                 "for); L2-normalized either way", choices=POOLINGS)
+    enable_lora: bool = flag(False, "serve LoRA adapters: given with --lora or loaded with POST /v1/load_lora_adapter")
+    max_loras: int = flag(1, "LoRA adapters resident at once; requests for others wait while their weights stay "
+                             "in CPU memory")
+    max_lora_rank: int = flag(16, "largest LoRA rank accepted; every resident slot is sized for it")
+    lora: list[str] = flag(default_factory=list, help="a LoRA adapter served from the start, as NAME=PATH (a PEFT "
+                                                      "directory); repeat for more", metavar="NAME=PATH",
+                           repeatable=True)
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
@@ -112,10 +120,29 @@ class EngineConfig:
              f"gpu memory utilization must be in (0, 1], got {self.gpu_memory_utilization}"),
             (self.tensor_parallel_size in TENSOR_PARALLEL_SIZE, TENSOR_PARALLEL_SIZE.message(self.tensor_parallel_size)),
             (self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}"),
+            (self.max_loras in MAX_LORAS, MAX_LORAS.message(self.max_loras)),
+            (self.max_lora_rank in MAX_LORA_RANK, MAX_LORA_RANK.message(self.max_lora_rank)),
+            (self.enable_lora or not self.lora, "--lora needs --enable-lora"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        self.lora_modules  # refuses a malformed --lora now, not once the model has loaded
+
+    @property
+    def lora_modules(self) -> dict[str, str]:
+        """The --lora adapters, name -> path."""
+        modules: dict[str, str] = {}
+        for entry in self.lora:
+            name, sep, path = entry.partition("=") if isinstance(entry, str) else ("", "", "")
+            if not (sep and name and path):
+                raise ValueError(f"--lora takes NAME=PATH, got {entry!r}")
+            if not re.fullmatch(LORA_NAME_PATTERN, name):
+                raise ValueError(runtime_flags.lora_name_message(name))
+            if name in modules:
+                raise ValueError(f"--lora names {name!r} twice")
+            modules[name] = path
+        return modules
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -22,13 +22,14 @@ class FlagSpec:
     option: str | None  # the option's name when it is not --field-name
     metavar: str | None
     nargs: str | None
+    repeatable: bool  # each use of the option adds one value to a list
 
 
 def flag(default: Any = MISSING, help: str | None = None, *, default_factory: Callable[[], Any] | Any = MISSING,
          parse: Callable[[str], Any] | None = None, choices: tuple | None = None, option: str | None = None,
-         metavar: str | None = None, nargs: str | None = None) -> Any:
+         metavar: str | None = None, nargs: str | None = None, repeatable: bool = False) -> Any:
     """A dataclass field with its flag. A boolean defaulting to True becomes a `--no-…` switch (name it in `option`)."""
-    spec = FlagSpec(help, parse, choices, option, metavar, nargs)
+    spec = FlagSpec(help, parse, choices, option, metavar, nargs, repeatable)
     return field(default=default, default_factory=default_factory, metadata={"flag": spec})
 
 
@@ -49,7 +50,8 @@ def add_flags(parser: argparse.ArgumentParser, title: str, cls: type) -> None:
         if parse is None and type(default) in (int, float):
             parse = type(default)
         group.add_argument(option, dest=f.name, default=default, type=parse, choices=spec.choices,
-                           metavar=spec.metavar, nargs=spec.nargs, help=spec.help)
+                           metavar=spec.metavar, nargs=spec.nargs, help=spec.help,
+                           action="append" if spec.repeatable else "store")
 
 
 def from_flags(cls: type[T], args: argparse.Namespace) -> T:

@@ -5,6 +5,7 @@ time, so a scrape is never stale; per-request figures are recorded by the server
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,9 +22,10 @@ _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 2
 
 
 class _EngineStateCollector:
-    def __init__(self, model_name: str, stats: Callable[[], object]):
+    def __init__(self, model_name: str, stats: Callable[[], object], max_loras: int | None):
         self._model = model_name
         self._stats = stats
+        self._max_loras = max_loras
 
     def collect(self):
         s = self._stats()
@@ -56,14 +58,22 @@ class _EngineStateCollector:
             for priority, value in sorted(values.items()):
                 metric.add_metric([self._model, str(priority)], value)
             yield metric
+        if self._max_loras is not None:
+            # vLLM's shape, which adapter-aware routers read: no model label, the time as its value.
+            loras = GaugeMetricFamily(names.LORA_REQUESTS_INFO, "Running and waiting LoRA adapters.",
+                                      labels=[names.LORA_RUNNING_LABEL, names.LORA_WAITING_LABEL, names.LORA_MAX_LABEL])
+            loras.add_metric([",".join(s.running_loras), ",".join(s.waiting_loras), str(self._max_loras)], time.time())
+            yield loras
 
 
 class RuntimeMetrics:
-    def __init__(self, model_name: str, stats: Callable[[], object], template_version: str | None):
+    def __init__(self, model_name: str, stats: Callable[[], object], template_version: str | None,
+                 max_loras: int | None = None):
+        """`max_loras`: the resident adapter limit when LoRA is enabled, else None."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         r, m = self.registry, [names.MODEL_LABEL]
-        r.register(_EngineStateCollector(model_name, stats))
+        r.register(_EngineStateCollector(model_name, stats, max_loras))
 
         # Most series have the model as their only label: they are bound to it here.
         def counter(name: str, doc: str):

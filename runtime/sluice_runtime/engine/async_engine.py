@@ -44,7 +44,7 @@ class AsyncEngine:
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0, deadline: float | None = None, tenant: str = "",
-                       share: float = 1.0) -> AsyncIterator[RequestOutput]:
+                       share: float = 1.0, lora: str | None = None) -> AsyncIterator[RequestOutput]:
         if not self.is_running:
             raise EngineDead(f"the engine loop is not running: {self.error!r}")
         if request_id in self._streams:
@@ -53,7 +53,7 @@ class AsyncEngine:
         mailbox = OutputMailbox()
         self._streams[request_id] = (asyncio.get_running_loop(), mailbox)
         try:
-            self.engine.add_request(request_id, prompt_token_ids, params, priority, deadline, tenant, share)
+            self.engine.add_request(request_id, prompt_token_ids, params, priority, deadline, tenant, share, lora)
         except BaseException:
             self._streams.pop(request_id, None)
             raise
@@ -88,6 +88,18 @@ class AsyncEngine:
         for batch in self.engine.embedding_batches(prompts):
             vectors += await asyncio.wrap_future(self._call(lambda b=batch: self.engine.embed(b, dimensions)))
         return vectors
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Read and check the adapter off the engine thread, then serve it from the next step."""
+        adapter = await asyncio.to_thread(self.engine.read_lora, path)
+        await asyncio.wrap_future(self._call(lambda: self.engine.add_lora(name, path, adapter)))
+
+    async def unload_lora(self, name: str) -> None:
+        await asyncio.wrap_future(self._call(lambda: self.engine.remove_lora(name)))
+
+    def lora_names(self) -> dict[str, str]:
+        """Adapters served now, name -> path."""
+        return {name: ref.path for name, ref in list(self.engine.loras.by_name.items())}
 
     def _call(self, fn) -> Future:
         """Run fn on the engine thread between steps, so torch is never used from two threads."""

@@ -1,6 +1,7 @@
 """KV-cache block accounting: allocation, reference counts and the prefix cache.
 
-A full block is identified by a chained hash of its tokens and every token before it. Freed
+A full block is identified by a chained hash of its tokens and every token before it, rooted in the
+request's LoRA adapter: the same tokens under two adapters hold different keys and values. Freed
 blocks keep their contents and stay findable by hash until they are reused, least recently
 freed first, so a popular system prompt survives between requests.
 """
@@ -24,6 +25,12 @@ class Block:
 
 def chain_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
+
+
+def root_hash(seq: Sequence) -> int | None:
+    """The parent of a sequence's first block: None for the base model, else its adapter's own root."""
+    lora_id = seq.group.lora_id
+    return None if lora_id == 0 else hash(("lora", lora_id))
 
 
 class BlockManager:
@@ -79,7 +86,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         matched: list[Block] = []
-        parent: int | None = None
+        parent = root_hash(seq)
         usable = (len(seq.token_ids) - 1) // self.block_size
         for i in range(usable):
             tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
@@ -141,7 +148,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = seq.num_computed_tokens // self.block_size
-        parent: int | None = None
+        parent = root_hash(seq)
         for i in range(full):
             block = self.blocks[seq.block_table[i]]
             if block.block_hash is None:

@@ -17,17 +17,23 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def load_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at `path` as `name` (needs enable_lora=True)."""
+        self.engine.add_lora(name, path, self.engine.read_lora(path))
+
     def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Prompts are strings or token id lists; returns one RequestOutput per prompt, in order."""
+                 use_tqdm: bool = True, lora: str | list[str | None] | None = None) -> list[RequestOutput]:
+        """Prompts are strings or token id lists; returns one RequestOutput per prompt, in order. `lora` names
+        the adapter of every prompt, or of each (None: the base model)."""
         params = params or SamplingParams()
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        loras = lora if isinstance(lora, list) else [lora] * len(prompts)
         order: dict[str, int] = {}
-        for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
+        for i, (prompt, p, adapter) in enumerate(zip(prompts, per_prompt, loras)):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request_id = f"offline-{next(self._ids)}"
             order[request_id] = i
-            self.engine.add_request(request_id, ids, p)
+            self.engine.add_request(request_id, ids, p, lora=adapter)
         results: list[RequestOutput | None] = [None] * len(prompts)
         with tqdm(total=len(prompts), desc="generating", unit="req", disable=not use_tqdm) as bar:
             while self.engine.has_unfinished_requests():

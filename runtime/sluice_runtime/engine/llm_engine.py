@@ -10,12 +10,15 @@ from dataclasses import dataclass, field
 from ..executor.model_runner import BatchItem, ModelRunner
 from ..executor.sampler import SampleRequest, SampleResult
 from ..models.loading import ModelInfo, resolve_model, validate_model_dir
+from ..models.lora_adapter import AdapterError, LoraAdapter, read_adapter
 from .block_manager import BlockManager
 from ..engine_config import EngineConfig
 from .detokenizer import Detokenizer
 from .errors import EngineOverloaded, RequestRejected
+from .lora_registry import LoraRegistry
 from .outputs import SHED, CompletionOutput, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
+from ..model_load_error import ModelLoadError
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence, SequenceGroup
 
@@ -39,6 +42,9 @@ class EngineStats:
     # one), by priority.
     waiting_by_priority: dict[int, int] = field(default_factory=dict)
     shed_by_priority: dict[int, int] = field(default_factory=dict)
+    # Names of the LoRA adapters of running requests, and of waiting requests whose adapter is not running.
+    running_loras: list[str] = field(default_factory=list)
+    waiting_loras: list[str] = field(default_factory=list)
 
 
 def load_tokenizer(model_dir):
@@ -57,7 +63,8 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_preemptions_per_request, config.target_itl)
+                                   config.max_preemptions_per_request, config.target_itl,
+                                   max_loras=config.max_loras if config.enable_lora else 0)
         self.detokenizer = Detokenizer(self.tokenizer)
         eos = set(self.runner.cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -80,6 +87,37 @@ class LLMEngine:
         self.num_aborted = 0
         self.num_timed_out = 0
         self.steps = 0
+        self.loras = LoraRegistry()
+        for name, path in config.lora_modules.items():
+            try:
+                self.add_lora(name, path, self.read_lora(path))
+            except AdapterError as exc:
+                raise ModelLoadError(f"--lora {name}={path}: {exc}") from None
+
+    # -- LoRA adapters --------------------------------------------------------------------------
+
+    def read_lora(self, path: str) -> LoraAdapter:
+        """An adapter's weights, checked against this model; thread-safe (it only reads files)."""
+        if self.runner.lora is None:
+            raise AdapterError("LoRA adapters are not enabled; start the runtime with --enable-lora")
+        return read_adapter(path, self.runner.cfg, self.config.max_lora_rank, self.runner.dtype)
+
+    def add_lora(self, name: str, path: str, adapter: LoraAdapter) -> None:
+        """Serve `adapter` as `name`; on the engine thread, between steps."""
+        with self._lock:
+            if name in self.loras.by_name:
+                raise AdapterError(f"The lora adapter '{name}' has already been loaded.")
+            ref = self.loras.add(name, path)
+        self.runner.lora.add(ref.id, adapter)
+        log.info("LoRA adapter %s loaded from %s (rank %d, %.1f MiB)", name, path, adapter.rank, adapter.nbytes / 2**20)
+
+    def remove_lora(self, name: str) -> None:
+        """Stop serving `name`; requests already using it finish with it. On the engine thread."""
+        with self._lock:
+            unused = self.loras.remove(name)
+        if unused is not None:
+            self.runner.lora.remove(unused)
+        log.info("LoRA adapter %s unloaded", name)
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -107,14 +145,20 @@ class LLMEngine:
                 f"KV cache of {self.kv_capacity_tokens} tokens")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0, deadline: float | None = None, tenant: str = "", share: float = 1.0) -> None:
-        """Thread-safe: the request joins the scheduler at the start of the next step."""
+                    priority: int = 0, deadline: float | None = None, tenant: str = "", share: float = 1.0,
+                    lora: str | None = None) -> None:
+        """Thread-safe: the request joins the scheduler at the start of the next step. `lora` names the
+        adapter it runs with (None: the base model)."""
         self.check_admission(prompt_token_ids, params)
         with self._lock:
             if request_id in self.groups:
                 raise ValueError(f"request id {request_id!r} is already in use")
+            ref = self.loras.get(lora) if lora is not None else None
             self._make_queue_room(priority)
-            group = SequenceGroup(request_id, list(prompt_token_ids), params, priority, deadline, tenant, share)
+            group = SequenceGroup(request_id, list(prompt_token_ids), params, priority, deadline, tenant, share,
+                                  lora=ref)
+            if ref is not None:
+                self.loras.acquire(ref)
             self.groups[request_id] = group
             self._unstarted[request_id] = group
             self._incoming.append(group)
@@ -234,7 +278,7 @@ class LLMEngine:
         seq = item.seq
         start = seq.num_computed_tokens
         return BatchItem(seq.token_ids[start:start + item.num_tokens], start, seq.block_table,
-                         self._sample_request(seq) if item.samples else None)
+                         self._sample_request(seq) if item.samples else None, seq.group.lora_id)
 
     def _sample_request(self, seq: Sequence) -> SampleRequest:
         params = seq.group.params
@@ -302,6 +346,8 @@ class LLMEngine:
         with self._lock:
             self.groups.pop(group.request_id, None)
             self._unstarted.pop(group.request_id, None)
+            if group.lora is not None and self.loras.release(group.lora):
+                self.runner.lora.remove(group.lora.id)
         for seq in group.seqs:
             self._generators.pop((group.request_id, seq.index), None)
 
@@ -311,6 +357,7 @@ class LLMEngine:
         with self._lock:
             waiting_by_priority = Counter(g.priority for g in self._unstarted.values())
             shed_by_priority = dict(self.num_shed)
+        running_loras = _lora_names(self.scheduler.running)
         return EngineStats(
             num_running=len({s.group.request_id for s in self.scheduler.running}),
             num_waiting=self.scheduler.num_waiting_requests + len(self._incoming),
@@ -324,4 +371,10 @@ class LLMEngine:
             num_timed_out=self.num_timed_out,
             steps=self.steps,
             waiting_by_priority=dict(waiting_by_priority),
-            shed_by_priority=shed_by_priority)
+            shed_by_priority=shed_by_priority,
+            running_loras=sorted(running_loras),
+            waiting_loras=sorted(_lora_names(self.scheduler.waiting) - running_loras))
+
+
+def _lora_names(seqs: list[Sequence]) -> set[str]:
+    return {s.group.lora.name for s in list(seqs) if s.group.lora is not None}

@@ -72,8 +72,11 @@ def _fairness(seq: Sequence) -> tuple[int, str, float, bool]:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_preemptions_per_request: int, target_itl: str | float = AUTO,
-                 prefill_age_limit: int = PREFILL_AGE_LIMIT, clock: Callable[[], float] = time.monotonic):
+                 prefill_age_limit: int = PREFILL_AGE_LIMIT, clock: Callable[[], float] = time.monotonic,
+                 max_loras: int = 0):
         self.blocks = block_manager
+        # Distinct LoRA adapters among running sequences (the executor's resident slots); 0: no adapters served.
+        self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_preemptions = max_preemptions_per_request
@@ -152,22 +155,31 @@ class Scheduler:
             scheduled.add(id(seq))
 
         allowance = self.step_budget.allowance(len(out.decodes), sum(s.attention_pairs for s in out.decodes))
+        loras = self.running_loras()
         for seq in self._prefill_order():
             if allowance.tokens < 1 or len(scheduled) >= self.max_num_seqs:
                 break
             waiting = seq.status is SequenceStatus.WAITING
+            lora_id = seq.group.lora_id
+            if lora_id and lora_id not in loras and len(loras) >= self.max_loras:
+                continue  # its adapter waits for a slot; other prompts may still run
             chunk = self._allocate_chunk(seq, allowance)
             if chunk == 0 and waiting:
                 break  # the first waiting prompt that does not fit holds back those after it
             if chunk:
                 out.prefills.append(ScheduledSeq(seq, chunk))
                 scheduled.add(id(seq))
+                if lora_id:
+                    loras.add(lora_id)
 
         if out.is_empty and self.running and not self.blocks.num_free_blocks:
             # Everyone is blocked on memory and every victim hit its preemption cap: break the tie anyway.
             self.preempt(max(self.running, key=_order))
         self._step_started = self.clock()
         return out
+
+    def running_loras(self) -> set[int]:
+        return {s.group.lora_id for s in self.running if s.group.lora_id}
 
     def _prefill_order(self) -> list[Sequence]:
         """Started and waiting prompts: by priority, then those past the age limit in arrival order,

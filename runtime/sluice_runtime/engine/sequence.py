@@ -6,6 +6,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from .lora_registry import LoraRef
 from .outputs import RequestMetrics, TokenLogprob
 from ..sampling_params import SamplingParams
 
@@ -81,6 +82,7 @@ class SequenceGroup:
     arrival_order: int = field(default_factory=lambda: next(_arrival_counter))
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.time()))
     seqs: list[Sequence] = field(default_factory=list)
+    lora: LoraRef | None = None  # the adapter the request runs with; None: the base model
 
     def __post_init__(self) -> None:
         self.seqs = [Sequence(self, 0, list(self.prompt_token_ids))]
@@ -95,6 +97,10 @@ class SequenceGroup:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def lora_id(self) -> int:
+        return self.lora.id if self.lora is not None else 0
 
     @property
     def finished(self) -> bool:

@@ -29,6 +29,7 @@ from . import distributed
 from .attention import AttentionMetadata, SequenceSpan, TorchAttentionBackend, native_cpu, select_backend
 from .cuda_graphs import DecodeGraphs, cuda_graph_capture, graph_batch_sizes
 from .device_sampler import DeviceSampler
+from .lora_slots import LoraSlots
 from .memory import plan_kv_cache_blocks, profile_cuda_memory
 from .sampler import SampleRequest, SampleResult, Sampler
 from .transfer import to_device
@@ -64,6 +65,7 @@ class BatchItem:
     start_pos: int
     block_table: list[int]
     sample: SampleRequest | None  # set when the last token's logits are sampled
+    lora_id: int = 0  # the LoRA adapter the tokens run with; 0: the base model
 
 
 @dataclass
@@ -89,6 +91,9 @@ class ModelRunner:
                 f"{self.cfg.max_position_embeddings} tokens")
         self.tp = TensorParallel(rank, config.tensor_parallel_size)
         _check_shardable(self.cfg, self.tp.size)
+        if config.enable_lora and self.tp.size > 1:
+            # A row-parallel layer's deltas would need an all-reduce of their own.
+            raise ModelLoadError("--enable-lora is not supported with --tensor-parallel-size above 1")
         self.device = _device(config.device, rank, self.tp.size)
         # Read once, before anything is loaded: a SLUICE_CPU_ISA this CPU cannot run is refused here.
         self.cpu_paths = host_cpu_paths() if self.device.type == "cpu" else None
@@ -135,6 +140,9 @@ class ModelRunner:
             linears, _ = prepare_linears(self.model, {torch.bfloat16: self.cpu_paths.onednn_bf16,
                                                       torch.float16: self.cpu_paths.onednn_fp16})
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        # Wrapped before the KV cache is sized and graphs are captured, so both count the slots.
+        self.lora = (LoraSlots(self.model, self.cfg, config.max_loras, config.max_lora_rank)
+                     if config.enable_lora else None)
         self.backend = select_backend(self.device, config.attention_backend, self.dtype, self.cfg.head_dim)
         # Embeddings run without a KV cache, which only the reference backend handles.
         self.reference_backend = TorchAttentionBackend()
@@ -255,7 +263,13 @@ class ModelRunner:
                 sample_requests.append(item.sample)
         if self.workers is not None:
             self.workers.send(("step", step))
-        hidden = self._forward(step)
+        with_lora = self.lora is not None and self.lora.set_step(
+            [(item.lora_id, len(item.token_ids)) for item in decodes + prefills], len(step.input_ids), self.device)
+        try:
+            hidden = self._forward(step, with_lora)
+        finally:
+            if self.lora is not None:
+                self.lora.clear_step()
         if not step.sample_rows:
             return []
         logits = self.model.logits(hidden[to_device(step.sample_rows, torch.long, self.device)])
@@ -263,8 +277,9 @@ class ModelRunner:
             return self.device_sampler(logits, sample_requests)
         return self.sampler(logits.cpu(), sample_requests)
 
-    def _forward(self, step: StepInputs) -> torch.Tensor:
-        if self.graphs is not None and not step.prefills:
+    def _forward(self, step: StepInputs, with_lora: bool = False) -> torch.Tensor:
+        # Graphs were captured without LoRA rows; a step with adapters runs eagerly.
+        if self.graphs is not None and not step.prefills and not with_lora:
             hidden = self.graphs.run(step.input_ids, step.positions, step.decodes)
             if hidden is not None:
                 return hidden

@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sluice_contracts.load_report import LoadReport, PrefixCacheStats
+from sluice_contracts.runtime_flags import LORA_NAME_PATTERN, lora_name_message
+from sluice_runtime.engine.lora_registry import LoraNotFound
+from sluice_runtime.models.lora_adapter import AdapterError
 from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.metrics import RuntimeMetrics
 
@@ -18,7 +22,7 @@ from .capabilities import ModelCapabilities
 from .chat_format import ChatFormat
 from .chat_template import ChatTemplate
 from .completion_format import CompletionFormat
-from .errors import install_error_handlers
+from .errors import APIError, install_error_handlers, invalid_request
 from .generation import GenerationRunner
 from .lifecycle import Lifecycle
 from .logprobs import LogprobFormatter
@@ -27,8 +31,8 @@ from .normalize import RequestNormalizer
 from .pooling import PoolingServing
 from .priority_headers import apply_priority_headers
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
-                       EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList, RerankRequest, RerankResponse,
-                       TokenizeRequest, TokenizeResponse)
+                       EmbeddingRequest, EmbeddingResponse, LoadLoraAdapterRequest, ModelCard, ModelList,
+                       RerankRequest, RerankResponse, TokenizeRequest, TokenizeResponse, UnloadLoraAdapterRequest)
 from .request_body import off_loop_if_large, read_json, request_cost, validated
 from .serving import GenerationServing
 from .settings import ServerSettings
@@ -50,10 +54,11 @@ class Runtime:
         self.capabilities = ModelCapabilities.for_text_model(info.max_model_len, self.template.source is not None,
                                                              engine.config.pooling, info.hidden_size)
         self.lifecycle = Lifecycle()
-        self.metrics = RuntimeMetrics(self.served_names[0], engine.stats, self.template.version)
+        self.metrics = RuntimeMetrics(self.served_names[0], engine.stats, self.template.version,
+                                      engine.config.max_loras if engine.config.enable_lora else None)
         grammars = GrammarCompiler(self.tokenizer, info.vocab_size, list(info.eos_token_ids))
         self.normalizer = RequestNormalizer(self.tokenizer, self.template, self.capabilities, grammars,
-                                            self.served_names, info.vocab_size)
+                                            self.served_names, info.vocab_size, engine.lora_names)
         runner = GenerationRunner(engine, self.lifecycle, self.metrics, settings)
         formatter = LogprobFormatter(self.tokenizer)
         self.chat = GenerationServing(runner, ChatFormat(formatter))
@@ -128,7 +133,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
                        lifecycle=rt.lifecycle, metrics=rt.metrics, credential=settings.credential)
-    for route in _generation_routes(rt) + _model_routes(rt) + _operational_routes(rt):
+    for route in _generation_routes(rt) + _model_routes(rt) + _lora_routes(rt) + _operational_routes(rt):
         _register(app, route)
     return app
 
@@ -168,11 +173,14 @@ def _generation_routes(rt: Runtime) -> list[_Route]:
 def _model_routes(rt: Runtime) -> list[_Route]:
     """What the model is and how it reads text: its cards, and its tokenizer both ways."""
     async def models():
-        return ModelList(data=[_card(rt, name) for name in rt.served_names])
+        loras = rt.engine.lora_names()
+        return ModelList(data=[_card(rt, name) for name in rt.served_names]
+                         + [_lora_card(rt, name, path) for name, path in loras.items()])
 
     async def model(model: str):
         rt.normalizer.check_model(model)
-        return _card(rt, model)
+        path = rt.engine.lora_names().get(model)
+        return _card(rt, model) if model in rt.served_names or path is None else _lora_card(rt, model, path)
 
     async def tokenize(request: Request):
         body = validated(TokenizeRequest, await read_json(request))
@@ -191,6 +199,44 @@ def _model_routes(rt: Runtime) -> list[_Route]:
             _Route("GET", "/v1/models/{model:path}", model, ModelCard),
             _Route("POST", "/tokenize", tokenize, TokenizeResponse),
             _Route("POST", "/detokenize", detokenize, DetokenizeResponse)]
+
+
+def _lora_routes(rt: Runtime) -> list[_Route]:
+    """vLLM's adapter loading API: the operator loads and unloads adapters on running replicas."""
+    def check_enabled() -> None:
+        if not rt.engine.config.enable_lora:
+            raise invalid_request("LoRA adapters are not enabled on this server; start it with --enable-lora.",
+                                  code="lora_not_enabled")
+
+    async def load(request: Request):
+        body = validated(LoadLoraAdapterRequest, await read_json(request))
+        rt.record(request, body.lora_name)
+        check_enabled()
+        name = body.lora_name
+        if not re.fullmatch(LORA_NAME_PATTERN, name):
+            raise invalid_request(lora_name_message(name), param="lora_name")
+        if name in rt.served_names:
+            raise invalid_request(f"'{name}' is the base model's name; give the adapter another.", param="lora_name")
+        if name in rt.engine.lora_names():
+            raise invalid_request(f"The lora adapter '{name}' has already been loaded.", param="lora_name",
+                                  code="lora_already_loaded")
+        try:
+            await rt.engine.load_lora(name, body.lora_path)
+        except AdapterError as exc:
+            raise invalid_request(str(exc), param="lora_path", code="invalid_lora_adapter") from None
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload(request: Request):
+        body = validated(UnloadLoraAdapterRequest, await read_json(request))
+        rt.record(request, body.lora_name)
+        check_enabled()
+        try:
+            await rt.engine.unload_lora(body.lora_name)
+        except LoraNotFound as exc:
+            raise APIError(404, str(exc), param="lora_name", code="model_not_found") from None
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+    return [_Route("POST", "/v1/load_lora_adapter", load), _Route("POST", "/v1/unload_lora_adapter", unload)]
 
 
 def _operational_routes(rt: Runtime) -> list[_Route]:
@@ -231,3 +277,9 @@ def _card(rt: Runtime, name: str) -> ModelCard:
                      max_model_len=rt.capabilities.max_model_len, capabilities=rt.capabilities.as_dict(),
                      chat_template_version=rt.template.version)
 
+
+
+def _lora_card(rt: Runtime, name: str, path: str) -> ModelCard:
+    return ModelCard(id=name, created=rt.created, root=path, parent=rt.served_names[0],
+                     max_model_len=rt.capabilities.max_model_len, capabilities=rt.capabilities.as_dict(),
+                     chat_template_version=rt.template.version)

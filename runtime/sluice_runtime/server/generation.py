@@ -8,11 +8,12 @@ import time
 from typing import AsyncIterator
 
 from sluice_runtime.engine.errors import EngineDead, EngineError, EngineOverloaded, RequestRejected
+from sluice_runtime.engine.lora_registry import LoraNotFound
 from sluice_runtime.engine.outputs import RequestOutput
 from sluice_runtime.sampling_params import SamplingParams
 
 from .disconnect import ClientDisconnected, until_disconnected
-from .errors import APIError, internal_error, invalid_request, overloaded, shutting_down
+from .errors import APIError, internal_error, invalid_request, model_not_found, overloaded, shutting_down
 from .normalize import GenerationRequest
 from .request_log import RequestRecord
 from .sse import DONE, SSEResponse, error_event
@@ -23,6 +24,8 @@ Item = tuple[int, RequestOutput]
 
 
 def engine_error(exc: Exception) -> APIError:
+    if isinstance(exc, LoraNotFound):  # unloaded between the request's check and its admission
+        return model_not_found(exc.name)
     if isinstance(exc, EngineOverloaded):
         return overloaded(str(exc), exc.retry_after_s)
     if isinstance(exc, RequestRejected):
@@ -160,7 +163,7 @@ class GenerationRunner:
                        deadline):
         with self._lifecycle.track(request_id):
             outputs = self._engine.generate(prompt, params, request_id, priority=greq.priority, deadline=deadline,
-                                            tenant=greq.tenant, share=greq.share)
+                                            tenant=greq.tenant, share=greq.share, lora=greq.lora)
             try:
                 async for out in outputs:
                     yield out

@@ -6,6 +6,7 @@ request is refused with a 400 naming the offending parameter before it reaches t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from sluice_contracts.request_cost import RequestCost
@@ -62,16 +63,19 @@ class GenerationRequest:
     echo: bool = False
     tool_use: ToolUse | None = None
     response_format: str = "text"
+    lora: str | None = None  # the LoRA adapter `model` names; None: the base model
 
 
 class RequestNormalizer:
     def __init__(self, tokenizer, template: ChatTemplate, capabilities: ModelCapabilities,
-                 grammars: GrammarCompiler, served_names: list[str], vocab_size: int):
+                 grammars: GrammarCompiler, served_names: list[str], vocab_size: int,
+                 lora_names: Callable[[], Collection[str]] = tuple):
         self._tokenizer = tokenizer
         self._template = template
         self._caps = capabilities
         self._grammars = grammars
         self._served_names = served_names
+        self._lora_names = lora_names  # the adapters loaded now: they come and go while serving
         self._vocab_size = vocab_size
         # No token covers more characters than the longest vocabulary entry, so text longer than
         # context x that many characters is too long without tokenizing it: a huge body then costs
@@ -82,8 +86,11 @@ class RequestNormalizer:
     # --- entry points -----------------------------------------------------------------------------
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self._served_names:
+        if name is not None and name not in self._served_names and name not in self._lora_names():
             raise model_not_found(name)
+
+    def _lora(self, name: str | None) -> str | None:
+        return None if name is None or name in self._served_names else name
 
     def chat(self, body: ChatCompletionRequest, cost: RequestCost, request_id: str) -> GenerationRequest:
         self.check_model(body.model)
@@ -103,7 +110,7 @@ class RequestNormalizer:
         return GenerationRequest(
             request_id=request_id, endpoint="chat", model=body.model, prompts=[prompt], prompt_texts=[text],
             params=params, stream=body.stream, include_usage=self._include_usage(body), priority=body.priority,
-            logprobs=logprobs, tool_use=tool_use, response_format=response_format)
+            logprobs=logprobs, tool_use=tool_use, response_format=response_format, lora=self._lora(body.model))
 
     def completion(self, body: CompletionRequest, cost: RequestCost, request_id: str) -> GenerationRequest:
         self.check_model(body.model)
@@ -123,7 +130,7 @@ class RequestNormalizer:
         return GenerationRequest(
             request_id=request_id, endpoint="completion", model=body.model, prompts=prompts, prompt_texts=texts,
             params=params, stream=body.stream, include_usage=self._include_usage(body), priority=body.priority,
-            logprobs=body.logprobs, echo=body.echo, response_format=response_format)
+            logprobs=body.logprobs, echo=body.echo, response_format=response_format, lora=self._lora(body.model))
 
     def embedding_inputs(self, body: EmbeddingRequest) -> list[list[int]]:
         self.check_model(body.model)
@@ -149,6 +156,9 @@ class RequestNormalizer:
         return prompts + self._check_pooled(documents, "documents")
 
     def _check_pooling(self, model: str) -> None:
+        if self._lora(model) is not None:
+            raise invalid_request(f"`{model}` is a LoRA adapter; embeddings come from the base model.",
+                                  param="model")
         if self._caps.embeddings is None:
             raise invalid_request(f"The model `{model}` does not serve embeddings.", param="model")
 

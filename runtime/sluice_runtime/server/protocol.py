@@ -278,6 +278,21 @@ class ModelCard(BaseModel):
     max_model_len: int
     capabilities: dict[str, Any]
     chat_template_version: str | None
+    parent: str | None = None  # a LoRA adapter's base model, as vLLM lists it
+
+
+class LoadLoraAdapterRequest(_Body):
+    """vLLM's POST /v1/load_lora_adapter body."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoraAdapterRequest(_Body):
+    """vLLM's POST /v1/unload_lora_adapter body (its lora_int_id is accepted and not needed)."""
+
+    lora_name: str
+    lora_int_id: int | None = None
 
 
 class ModelList(BaseModel):

@@ -1,0 +1,158 @@
+"""Reading a LoRA adapter in PEFT's format (adapter_config.json + adapter_model.safetensors) for a Llama model.
+
+Every check happens here, before an adapter reaches the engine, so a bad one is refused with a message naming
+what is wrong (a file, a key, a shape) and never half-loaded. The weights come out per layer and per projection
+of our fused layout (qkv_proj, o_proj, gate_up_proj, down_proj) with PEFT's scaling folded into B, so serving
+computes `x @ A.T @ B.T` and nothing else.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+
+# PEFT's module name -> (our fused projection, its part).
+TARGETS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+           "o_proj": ("o_proj", 0), "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+           "down_proj": ("down_proj", 0)}
+_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be served; the message says why, for the person who sent it."""
+
+
+@dataclass
+class LoraAdapter:
+    """One adapter's weights: (layer, projection) -> one (A, B) pair per part of the projection, None for a
+    part the adapter leaves alone. A is (rank, in), B is (out, rank) times the scaling."""
+
+    rank: int
+    weights: dict[tuple[int, str], list[tuple[torch.Tensor, torch.Tensor] | None]]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for parts in self.weights.values() for p in parts if p for t in p)
+
+
+def part_shapes(cfg: ModelConfig) -> dict[str, list[tuple[int, int]]]:
+    """(in, out) of each part of each projection LoRA can target, as the base model has them."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return {"qkv_proj": [(h, q), (h, kv), (h, kv)], "o_proj": [(q, h)],
+            "gate_up_proj": [(h, i), (h, i)], "down_proj": [(i, h)]}
+
+
+def read_adapter(path: str | Path, cfg: ModelConfig, max_rank: int, dtype: torch.dtype) -> LoraAdapter:
+    if not str(path).strip():  # Path("") is the working directory
+        raise AdapterError("LoRA adapter path is empty")
+    directory = Path(path)
+    if not directory.is_dir():
+        raise AdapterError(f"LoRA adapter path {str(path)!r} is not a directory")
+    config = _read_config(directory)
+    rank, scaling = _rank_and_scaling(config, max_rank)
+    _check_targets(config)
+    tensors = _read_tensors(directory)
+    shapes = part_shapes(cfg)
+    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        match = _KEY.match(key)
+        if match is None or match.group(2) not in TARGETS:
+            raise AdapterError(f"adapter_model.safetensors holds {key!r}, which is not a LoRA weight of a "
+                               f"q/k/v/o/gate/up/down projection")
+        layer, module, which = int(match.group(1)), match.group(2), match.group(3)
+        if layer >= cfg.num_layers:
+            raise AdapterError(f"{key!r} is for layer {layer}, but the base model has {cfg.num_layers} layers: "
+                               f"the adapter was trained for another base model{_base_of(config)}")
+        pairs.setdefault((layer, module), {})[which] = tensor
+    weights: dict[tuple[int, str], list] = {}
+    for (layer, module), pair in sorted(pairs.items()):
+        if set(pair) != {"A", "B"}:
+            missing = ({"A", "B"} - set(pair)).pop()
+            raise AdapterError(f"layer {layer} {module} has no lora_{missing} weight")
+        projection, part = TARGETS[module]
+        in_features, out_features = shapes[projection][part]
+        a, b = pair["A"], pair["B"]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape[1] != rank:
+            raise AdapterError(f"layer {layer} {module}: lora_A is {tuple(a.shape)} and lora_B {tuple(b.shape)}, "
+                               f"which is not rank {rank} as adapter_config.json's r says")
+        if a.shape != (rank, in_features) or b.shape != (out_features, rank):
+            raise AdapterError(
+                f"layer {layer} {module}: lora_A is {tuple(a.shape)} and lora_B {tuple(b.shape)}, but a rank-{rank} "
+                f"adapter of this base model has ({rank}, {in_features}) and ({out_features}, {rank}): the adapter "
+                f"was trained for another base model{_base_of(config)}")
+        parts = weights.setdefault((layer, projection), [None] * len(shapes[projection]))
+        parts[part] = (a.to(dtype).contiguous(), (b.float() * scaling).to(dtype).contiguous())
+    if not weights:
+        raise AdapterError("adapter_model.safetensors holds no LoRA weights")
+    return LoraAdapter(rank, weights)
+
+
+def _read_config(directory: Path) -> dict:
+    file = directory / "adapter_config.json"
+    try:
+        config = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise AdapterError(f"{file} is missing: a LoRA adapter is a PEFT directory with adapter_config.json and "
+                           "adapter_model.safetensors") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise AdapterError(f"{file} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{file} must hold a JSON object")
+    peft_type = config.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise AdapterError(f"adapter_config.json has peft_type {peft_type!r}; only LORA adapters are served")
+    unsupported = [(config.get("use_dora"), "use_dora (DoRA)"), (config.get("bias", "none") != "none", "bias"),
+                   (config.get("modules_to_save"), "modules_to_save"), (config.get("fan_in_fan_out"), "fan_in_fan_out"),
+                   (config.get("rank_pattern"), "rank_pattern"), (config.get("alpha_pattern"), "alpha_pattern"),
+                   (config.get("layers_to_transform") is not None, "layers_to_transform")]
+    named = [name for present, name in unsupported if present]
+    if named:
+        raise AdapterError(f"adapter_config.json sets {', '.join(named)}, which this runtime does not serve")
+    return config
+
+
+def _rank_and_scaling(config: dict, max_rank: int) -> tuple[int, float]:
+    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise AdapterError(f"adapter_config.json: r must be a positive integer, got {rank!r}")
+    if rank > max_rank:
+        raise AdapterError(f"the adapter's rank {rank} is above this runtime's --max-lora-rank {max_rank}")
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < float("inf"):
+        raise AdapterError(f"adapter_config.json: lora_alpha must be a positive number, got {alpha!r}")
+    return rank, alpha / (rank ** 0.5 if config.get("use_rslora") else rank)
+
+
+def _check_targets(config: dict) -> None:
+    targets = config.get("target_modules")
+    if isinstance(targets, str):  # PEFT's regex form: the weights file says what it really targets
+        return
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise AdapterError(f"adapter_config.json: target_modules must be a list of module names, got {targets!r}")
+    unknown = sorted({t.rpartition(".")[2] for t in targets} - set(TARGETS))
+    if unknown:
+        raise AdapterError(f"adapter_config.json targets {', '.join(unknown)}; LoRA is served on "
+                           f"{', '.join(TARGETS)} only")
+
+
+def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    file = directory / "adapter_model.safetensors"
+    if not file.is_file():
+        raise AdapterError(f"{file} is missing (adapters saved as .bin are not read; save with safetensors)")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise AdapterError(f"{file} is corrupt: {exc}") from None
+
+
+def _base_of(config: dict) -> str:
+    base = config.get("base_model_name_or_path")
+    return f" ({base})" if isinstance(base, str) and base else ""
