@@ -13,6 +13,12 @@ comparable across rows. Writes bench/results/engine.json and engine.png.
 requests' TTFT p50/p99 and ITL p99, the mix's output tokens/s and the idle decode step (median
 decode-only step of the short chats alone), with the ratios the budget aims at. Writes
 bench/results/engine_short_under_long.json.
+
+--mix lora: --requests requests at concurrency 32, each for one of 4 random rank-16 LoRA adapters
+(all 7 projections, built with peft) in turn, against the same requests on the base model, in one
+engine (--enable-lora --max-loras 4); base, adapters, base again, so a change in the machine's load
+shows on both sides. Reports output tokens/s and adapters / base (target >= 0.7). Writes
+bench/results/engine_lora.json.
 """
 from __future__ import annotations
 
@@ -121,7 +127,7 @@ def run_hf_generate_batch(model, prompts, output_len: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mix", choices=["throughput", "short-under-long"], default="throughput")
+    parser.add_argument("--mix", choices=["throughput", "short-under-long", "lora"], default="throughput")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--sequential-requests", type=int, default=6,
                         help="requests for the one-at-a-time rows (concurrency 1 and transformers generate)")
@@ -140,6 +146,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.mix == "short-under-long":
         short_under_long(args.dtype, args.seed)
+    elif args.mix == "lora":
+        lora_mix(args)
     else:
         throughput(args)
 
@@ -310,6 +318,82 @@ def short_under_long(dtype: str, seed: int) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "engine_short_under_long.json").write_text(json.dumps(
         {"dtype": dtype_name, "torch_threads": torch.get_num_threads(), "rows": rows, "ratios": ratios}, indent=2))
+
+
+LORA_ADAPTERS, LORA_RANK, LORA_CONCURRENCY = 4, 16, 32
+
+
+def build_adapters(directory: Path, count: int, rank: int) -> list[Path]:
+    """Random PEFT adapters of SmolLM2 (A and B both random, as a trained adapter's are non-zero)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from sluice_runtime.models.loading import resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2")))
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    paths = []
+    for i in range(count):
+        torch.manual_seed(i)
+        peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets,
+                                                      init_lora_weights=False))
+        peft_model.save_pretrained(str(directory / f"adapter{i}"))
+        model = peft_model.unload()
+        paths.append(directory / f"adapter{i}")
+    return paths
+
+
+def run_lora(engine: LLMEngine, prompts, output_len: int, concurrency: int, loras: list[str | None], tag: str) -> dict:
+    """run_engine's closed loop, request i on loras[i % len(loras)]."""
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0)
+    pending = list(enumerate(prompts))
+    in_flight, tokens = 0, 0
+    start = time.perf_counter()
+    while pending or engine.has_unfinished_requests():
+        while pending and in_flight < concurrency:
+            i, prompt = pending.pop(0)
+            engine.add_request(f"{tag}-{i}", prompt, params, lora=loras[i % len(loras)])
+            in_flight += 1
+        for out in engine.step():
+            if out.finished:
+                in_flight -= 1
+                tokens += len(out.outputs[0].token_ids)
+    elapsed = time.perf_counter() - start
+    return {"requests": len(prompts), "output_tokens": tokens, "seconds": elapsed, "output_tok_s": tokens / elapsed,
+            "load_average": os.getloadavg()[0]}
+
+
+def lora_mix(args: argparse.Namespace) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-lora-") as directory:
+        paths = build_adapters(Path(directory), LORA_ADAPTERS, LORA_RANK)
+        engine = LLMEngine(EngineConfig(model="smollm2", dtype=args.dtype, max_num_seqs=64, max_num_batched_tokens=1024,
+                                        kv_cache_memory=2 << 30, enable_lora=True, max_loras=LORA_ADAPTERS,
+                                        max_lora_rank=LORA_RANK))
+        names = []
+        for i, path in enumerate(paths):
+            names.append(f"adapter{i}")
+            engine.add_lora(names[-1], str(path), engine.read_lora(str(path)))
+    prompts = make_prompts(args.requests, args.min_prompt, args.max_prompt, engine.runner.cfg.vocab_size, args.seed)
+    run_lora(engine, prompts[:4], 8, 4, names, "warm")  # warm-up: every adapter copied into its slot
+    rows = {}
+    for name, loras in (("base", [None]), (f"{LORA_ADAPTERS} adapters", names), ("base again", [None])):
+        # Prompts shifted per row: no row finds another's blocks in the prefix cache.
+        shifted = [[(t + len(rows) + 1) % engine.runner.cfg.vocab_size for t in p] for p in prompts]
+        rows[name] = run_lora(engine, shifted, args.output_len, LORA_CONCURRENCY, loras, name.replace(" ", "-"))
+        print(f"{name}: {rows[name]['output_tok_s']:.1f} tok/s (load average {rows[name]['load_average']:.1f})",
+              flush=True)
+    base = (rows["base"]["output_tok_s"] + rows["base again"]["output_tok_s"]) / 2
+    ratio = rows[f"{LORA_ADAPTERS} adapters"]["output_tok_s"] / base
+    print(f"\n{args.requests} requests at concurrency {LORA_CONCURRENCY}, {args.min_prompt}-{args.max_prompt} prompt "
+          f"tokens, {args.output_len} out, SmolLM2 {str(engine.runner.dtype)[6:]}, {torch.get_num_threads()} threads")
+    print(f"{LORA_ADAPTERS} rank-{LORA_RANK} adapters / base model (mean of the two base rows): {ratio:.2f} "
+          f"(target >= 0.7)")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "engine_lora.json").write_text(json.dumps(
+        {"dtype": str(engine.runner.dtype)[6:], "torch_threads": torch.get_num_threads(), "rows": rows,
+         "adapters_over_base": ratio}, indent=2))
 
 
 def _plot(rows: dict, roofline: float) -> None:

@@ -73,7 +73,8 @@ def test_anything_but_the_exact_header_is_refused(guarded, headers):
 
 @pytest.mark.parametrize("method, path", [
     ("GET", "/v1/models"), ("GET", "/v1/models/smollm2"), ("POST", "/v1/completions"), ("POST", "/v1/embeddings"),
-    ("POST", "/v1/rerank"), ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/docs"), ("GET", "/openapi.json"),
+    ("POST", "/v1/rerank"), ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/v1/load_lora_adapter"),
+    ("POST", "/v1/unload_lora_adapter"), ("GET", "/docs"), ("GET", "/openapi.json"),
     ("GET", "/v1/nothing"), ("GET", "//v1/models"), ("GET", "/health/"), ("GET", "/load/../v1/models"),
 ])
 def test_every_other_path_needs_the_credential(guarded, method, path):

@@ -91,6 +91,8 @@ def test_adapters_beyond_max_loras_take_turns_and_each_answers_as_its_own(server
     try:
         for name in ("sql", "tone", "mlp", "sql"):  # three adapters through two slots
             assert _chat(client, name, QUESTIONS[0]) == _expected(smollm2_tokenizer, lora_adapters[name].reference[0])
+        # What the gateway reads for adapter affinity: the two most recently used are resident.
+        assert httpx.get(f"{server.url}/load").json()["loaded_adapters"] == ["mlp", "sql"]
     finally:
         for name in ("tone", "mlp"):
             _unload(server, {"lora_name": name})
@@ -180,3 +182,4 @@ def test_a_server_without_lora_refuses_to_load(runtime_server, lora_adapters):
                           json={"lora_name": "sql", "lora_path": str(lora_adapters["sql"].path)}, timeout=60)
     assert _error(response, 400)["code"] == "lora_not_enabled"
     assert "vllm:lora_requests_info" not in httpx.get(f"{runtime_server}/metrics").text
+    assert httpx.get(f"{runtime_server}/load").json()["loaded_adapters"] is None

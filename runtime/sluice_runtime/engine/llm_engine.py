@@ -45,6 +45,7 @@ class EngineStats:
     # Names of the LoRA adapters of running requests, and of waiting requests whose adapter is not running.
     running_loras: list[str] = field(default_factory=list)
     waiting_loras: list[str] = field(default_factory=list)
+    resident_loras: list[str] = field(default_factory=list)  # adapters in the executor's slots
 
 
 def load_tokenizer(model_dir):
@@ -373,7 +374,12 @@ class LLMEngine:
             waiting_by_priority=dict(waiting_by_priority),
             shed_by_priority=shed_by_priority,
             running_loras=sorted(running_loras),
-            waiting_loras=sorted(_lora_names(self.scheduler.waiting) - running_loras))
+            waiting_loras=sorted(_lora_names(self.scheduler.waiting) - running_loras),
+            resident_loras=self._resident_loras())
+
+    def _resident_loras(self) -> list[str]:
+        resident = self.runner.lora.resident_ids if self.runner.lora is not None else frozenset()
+        return sorted(ref.name for ref in list(self.loras.by_name.values()) if ref.id in resident)
 
 
 def _lora_names(seqs: list[Sequence]) -> set[str]:

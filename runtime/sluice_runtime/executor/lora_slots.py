@@ -34,6 +34,8 @@ class LoraSlots:
                 self.layers[(index, name)] = wrapped
         self.adapters: dict[int, LoraAdapter] = {}
         self.resident: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, least recently used first
+        # The resident ids as one value, replaced whole: other threads read it (the server's /load).
+        self.resident_ids: frozenset[int] = frozenset()
         self.loads = 0  # adapters copied into a slot, for tests and logs
 
     def add(self, adapter_id: int, adapter: LoraAdapter) -> None:
@@ -42,6 +44,7 @@ class LoraSlots:
     def remove(self, adapter_id: int) -> None:
         self.adapters.pop(adapter_id, None)
         self.resident.pop(adapter_id, None)  # its slot is free; the next adapter placed there overwrites it
+        self.resident_ids = frozenset(self.resident)
 
     def set_step(self, row_adapters: list[tuple[int, int]], num_rows: int, device: torch.device) -> bool:
         """Point the LoRA layers at this step's rows: `row_adapters` is (adapter id, rows) per item in step
@@ -77,5 +80,6 @@ class LoraSlots:
         for key, layer in self.layers.items():
             layer.set_slot(slot, weights.get(key))
         self.resident[adapter_id] = slot
+        self.resident_ids = frozenset(self.resident)
         self.loads += 1
         return slot

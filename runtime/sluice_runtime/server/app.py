@@ -261,7 +261,8 @@ def _operational_routes(rt: Runtime) -> list[_Route]:
         return LoadReport(model=rt.served_names[0], waiting=s.num_waiting, running=s.num_running,
                           kv_cache_usage=s.kv_cache_usage, block_size=s.block_size, num_kv_blocks=s.num_kv_blocks,
                           prefix_cache=PrefixCacheStats.of(s.prefix_cache_queries, s.prefix_cache_hits),
-                          in_flight=rt.lifecycle.running, draining=rt.lifecycle.draining)
+                          in_flight=rt.lifecycle.running, draining=rt.lifecycle.draining,
+                          loaded_adapters=tuple(s.resident_loras) if rt.engine.config.enable_lora else None)
 
     async def metrics():
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
