@@ -12,6 +12,8 @@ Task = Literal["chat", "completion", "embedding", "rerank"]
 
 TASKS: tuple[Task, ...] = ("chat", "completion", "embedding", "rerank")
 DEFAULT_TASKS: tuple[Task, ...] = TASKS
+# Tasks whose prompts are pooled, not continued: they generate no token, so a prompt may fill the whole context.
+POOLING_TASKS: tuple[Task, ...] = ("embedding", "rerank")
 
 # The endpoint of each task, for error messages.
 TASK_PATHS: dict[Task, str] = {

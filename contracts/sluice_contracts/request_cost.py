@@ -8,9 +8,11 @@ OpenAI's API: `"16"`, `16.0` and `true` are not integers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
-Endpoint = Literal["chat", "completion", "embedding"]
+from .model_tasks import POOLING_TASKS, Task
+
+Endpoint = Task
 
 MAX_CHOICES = 16
 # OpenAI's default for the legacy completions endpoint; chat completions generate to the end of the context.
@@ -28,7 +30,7 @@ class InvalidCostField(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class RequestCost:
-    prompts: int  # prompts in the request: a /v1/completions or /v1/embeddings list, else 1
+    prompts: int  # prompts in the request: a /v1/completions or /v1/embeddings list, /v1/rerank's documents, else 1
     choices: int  # n
     max_tokens: int | None  # per choice; None: until the end of the context
     max_tokens_param: str  # the field the client used, for error messages
@@ -47,7 +49,7 @@ class RequestCost:
 def read_request_cost(payload: Mapping[str, Any], endpoint: Endpoint) -> RequestCost:
     """Raises InvalidCostField for a value either component would have to guess at."""
     prompts = _prompt_count(payload, endpoint)
-    if endpoint == "embedding":
+    if endpoint in POOLING_TASKS:
         return RequestCost(prompts, 1, 0, "max_tokens", False)
     max_tokens, param = _max_tokens(payload, endpoint)
     choices = _strict_int(payload, "n", 1)
@@ -88,6 +90,11 @@ def _strict_int(payload: Mapping[str, Any], name: str, default: int | None) -> i
 def _prompt_count(payload: Mapping[str, Any], endpoint: Endpoint) -> int:
     if endpoint == "chat":
         return 1
+    if endpoint == "rerank":
+        documents = payload.get("documents")
+        if not isinstance(documents, list) or not documents:
+            raise InvalidCostField("documents", "documents must be a non-empty array of strings.")
+        return len(documents)
     field = "prompt" if endpoint == "completion" else "input"
     value = payload.get(field)
     if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):

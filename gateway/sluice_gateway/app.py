@@ -48,6 +48,7 @@ _PROXIED = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
+    "/v1/rerank": "rerank",
 }
 _JSON = (b"content-type", b"application/json")
 # A client's request id is echoed and logged when it is short and plain; it never names the request inside.
@@ -254,7 +255,7 @@ class GatewayApp:
             if models := starting_models(routes):
                 await self.hold.wait(ctx, models, lambda: not starting_models(self._routes(self.table, ctx)), send)
             attempts = self.picker.plan(self.table, parsed.model, prefix=prefix, session=sticky,
-                                        allowed=ctx.principal.may_use)
+                                        allowed=ctx.principal.may_use, task=ctx.kind)
             await self.forwarder.forward(ctx, attempts, self.config.routing.max_attempts, send)
 
         await self._until_disconnect(ctx, hold_then_forward, receive)
@@ -275,9 +276,13 @@ class GatewayApp:
         if not principal.may_use(model):
             raise GatewayError(403, f"Your key may not use the model '{model}'", param="model",
                                code="model_not_allowed")
-        routes = reachable(table, model, principal.may_use)
+        routes = reachable(table, model, principal.may_use, ctx.kind)
         if routes:
             return routes
+        if others := reachable(table, model, principal.may_use):
+            served = sorted({task for _, route in others for b in route.backends for task in b.capabilities.tasks})
+            raise GatewayError(400, f"The model '{model}' does not serve {ctx.kind} requests ({ctx.path}); it "
+                                    f"serves: {', '.join(served)}", param="model", code="unsupported_task")
         if table.route(model) is not None:  # it exists, but only behind backends that are models the key may not use
             raise GatewayError(403, f"Every backend of the model '{model}' is a model your key may not use",
                                param="model", code="model_not_allowed")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sluice_contracts.model_tasks import POOLING_TASKS
+
 from .errors import GatewayError
 from .request import ParsedRequest, PromptSize
 
@@ -24,9 +26,9 @@ def check_context(parsed: ParsedRequest, context: int | None) -> None:
             f"This model's maximum context length is {context} tokens, but {cost.max_tokens_param} asks for "
             f"{cost.max_tokens} tokens of completion, which leaves no room for a prompt. Lower "
             f"{cost.max_tokens_param}.", cost.max_tokens_param)
-    embedding = parsed.prompt_param == "input"
+    pooled = parsed.kind in POOLING_TASKS
     for prompt in parsed.prompts:
-        if prompt.lower > context or (prompt.lower == context and not embedding):
+        if prompt.lower > context or (prompt.lower == context and not pooled):
             raise _too_long(
                 f"This model's maximum context length is {context} tokens, but the {parsed.prompt_param} has at "
                 f"least {prompt.lower} tokens. Shorten the {parsed.prompt_param}.", parsed.prompt_param)
@@ -50,7 +52,7 @@ class Reservation:
     choices: int
     max_tokens: int  # per choice; what the runtime will generate at most (to the end of the context if unset)
     context: int | None
-    lowerable: bool  # a generation whose max_tokens the gateway may set (not embeddings)
+    lowerable: bool  # a generation whose max_tokens the gateway may set (not embeddings or rerank)
 
     @property
     def tokens(self) -> int:
@@ -84,7 +86,7 @@ def reserve(parsed: ParsedRequest, context: int | None, default_max_tokens: int)
     """The request's reservation; `default_max_tokens` stands in only where neither the request nor the
     routing table bounds the output (a route without `maxModelLen`)."""
     cost = parsed.cost
-    if parsed.prompt_param == "input":
+    if parsed.kind in POOLING_TASKS:
         return Reservation(parsed.prompts, 1, 0, context, lowerable=False)
     max_tokens = cost.max_tokens
     if max_tokens is None:

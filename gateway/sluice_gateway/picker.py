@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sluice_contracts.engines import DEFAULT_ENGINE
+from sluice_contracts.model_tasks import Task
 from sluice_contracts.routing_table import Backend, Route, RoutingTable
 
 from .config import Routing
@@ -124,14 +125,14 @@ class Picker:
     # -- choosing -----------------------------------------------------------------------------------------
     def plan(
         self, table: RoutingTable, route_name: str, *, prefix: bytes | None, session: str | None,
-        allowed: Callable[[str], bool] = lambda name: True,
+        allowed: Callable[[str], bool] = lambda name: True, task: Task | None = None,
     ) -> Iterator[Attempt]:
         """Endpoints to try, best first: the weighted backend, the route's other backends, then the fallbacks
-        the tenant is `allowed` to use.
+        the tenant is `allowed` to use; only backends that serve `task`.
 
         Lazy, so each retry sees the health reported by the attempt before it.
         """
-        for name, route in reachable(table, route_name, allowed):
+        for name, route in reachable(table, route_name, allowed, task):
             for backend in self._backend_order(route, session):
                 for endpoint in self._endpoint_order(backend, route, prefix, session):
                     yield Attempt(name, backend, endpoint)

@@ -20,6 +20,7 @@ from typing import Any
 import pydantic_core
 
 from sluice_contracts.json_depth import MAX_JSON_DEPTH
+from sluice_contracts.model_tasks import Task
 from sluice_contracts.request_cost import InvalidCostField, RequestCost, read_request_cost
 
 from .errors import GatewayError
@@ -38,18 +39,20 @@ class PromptSize:
 
 @dataclass(slots=True)
 class ParsedRequest:
+    kind: Task
     payload: dict[str, Any]
     model: str
     stream: bool
     client_wants_usage: bool
     cost: RequestCost
-    prompts: tuple[PromptSize, ...]  # one per prompt (a /v1/completions or /v1/embeddings list), else one
+    prompts: tuple[PromptSize, ...]  # one per prompt (a /v1/completions or /v1/embeddings list; /v1/rerank's
+    # query, then each document), else one
     prompt_param: str  # the field holding the prompt, for error messages
     prefix: bytes
 
 
 def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest:
-    """`kind` is "chat", "completion" or "embedding"; raises GatewayError(400) for malformed bodies."""
+    """`kind` is the task (sluice_contracts.model_tasks); raises GatewayError(400) for malformed bodies."""
     payload = _json_object(body)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
@@ -60,6 +63,9 @@ def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest
     if kind == "chat":
         texts, prompts = _chat_prompt(payload)
         prompt_param = "messages"
+    elif kind == "rerank":
+        texts, prompts = _rerank_prompts(payload)
+        prompt_param = "documents"
     else:
         prompt_param = "prompt" if kind == "completion" else "input"
         texts, prompts = _listed_prompts(payload.get(prompt_param), prompt_param)
@@ -68,7 +74,7 @@ def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest
     except InvalidCostField as exc:
         raise GatewayError(400, str(exc), param=exc.param, code="invalid_value") from None
     prefix = "\x1e".join(texts)[:prefix_chars].encode()
-    return ParsedRequest(payload, model, stream, client_wants_usage, cost, tuple(prompts), prompt_param, prefix)
+    return ParsedRequest(kind, payload, model, stream, client_wants_usage, cost, tuple(prompts), prompt_param, prefix)
 
 
 _TOO_DEEP = f"it is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays and objects)"
@@ -143,6 +149,17 @@ def _listed_prompts(prompt: Any, field: str) -> tuple[list[str], list[PromptSize
         if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
             return [",".join(map(str, p)) for p in prompt], [PromptSize(len(p), len(p)) for p in prompt]
     raise GatewayError(400, f"{field} must be a string, an array of strings or of token ids", param=field)
+
+
+def _rerank_prompts(payload: dict[str, Any]) -> tuple[list[str], list[PromptSize]]:
+    """The query, then each document: each is embedded on its own."""
+    query, documents = payload.get("query"), payload.get("documents")
+    if not isinstance(query, str):
+        raise GatewayError(400, "query must be a string", param="query")
+    if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
+        raise GatewayError(400, "documents must be a non-empty array of strings", param="documents")
+    texts = [query, *documents]
+    return texts, [_text_size(text) for text in texts]
 
 
 def _is_token_id(value: Any) -> bool:

@@ -33,7 +33,7 @@ class Outcome:
 
 @dataclass(slots=True)
 class RequestContext:
-    kind: str  # "chat", "completion" or "embedding"
+    kind: str  # the task: "chat", "completion", "embedding" or "rerank" (sluice_contracts.model_tasks)
     path: str
     request_id: bytes  # the gateway's own, unique per request; sent upstream
     client_id: bytes | None  # the client's x-request-id when plain enough to echo and log

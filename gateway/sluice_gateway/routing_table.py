@@ -9,12 +9,14 @@ from pathlib import Path
 
 import yaml
 
+from sluice_contracts.model_tasks import Task
 from sluice_contracts.routing_table import Route, RoutingTable, RoutingTableError, routing_table_from
 
 
-def reachable(table: RoutingTable, public_name: str, allowed: Callable[[str], bool]) -> list[tuple[str, Route]]:
+def reachable(table: RoutingTable, public_name: str, allowed: Callable[[str], bool],
+              task: Task | None = None) -> list[tuple[str, Route]]:
     """The route of that name, then its fallbacks, theirs, ..., in the order they are tried, each with only the
-    backends the tenant may be served by.
+    backends the tenant may be served by and that serve `task` (any task when None).
 
     The allow-list (`allowed`) is over public names. Only routes it allows are listed or followed, so a tenant
     allowed one model is never served by another because the first is down. A backend named like an explicit
@@ -33,7 +35,8 @@ def reachable(table: RoutingTable, public_name: str, allowed: Callable[[str], bo
             continue
         seen.add(name)
         pending.extend(route.fallbacks)
-        kept = tuple(b for b in route.backends if b.public_name not in table.routes or allowed(b.public_name))
+        kept = tuple(b for b in route.backends if (b.public_name not in table.routes or allowed(b.public_name))
+                     and (task is None or task in b.capabilities.tasks))
         if len(kept) < len(route.backends):
             if not any(b.weight > 0 for b in kept):
                 continue
