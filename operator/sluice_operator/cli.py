@@ -57,6 +57,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="the endpoint picker Service the pools name (port default 9002), where a spec names none")
     pools.add_argument("--endpoint-picker-failure-mode", choices=["FailOpen", "FailClose"], default="FailClose",
                        help="what a gateway does when that picker does not answer")
+    zero = run.add_argument_group(
+        "scale to zero", "with --release, the gateway replicas whose /metrics report each model's demand: held "
+        "requests bring a model at zero back, and its idle clock starts from the last request any of them saw "
+        "(models in --release-namespace only, the routing table those gateways serve)")
+    zero.add_argument("--gateway-pods", type=_labels, metavar="K=V,...",
+                      help="labels of the gateway's pods in --release-namespace; without it no model scales to zero")
+    zero.add_argument("--gateway-metrics-port", type=_port, default=9090, help="the gateways' metrics port")
+    zero.add_argument("--demand-interval", type=_interval, default=0.5,
+                      help="seconds between readings of the gateways' demand (0.05 to 10)")
     run.add_argument("--verbose", action="store_true", help="debug logging")
 
     crds = commands.add_parser("crds", help="write crds/*.yaml from the pydantic models")
@@ -86,6 +95,22 @@ def _endpoint_picker(value: str) -> tuple[str, int]:
             colon and not (port.isdigit() and 1 <= int(port) <= 65535)):
         raise argparse.ArgumentTypeError(f"{value!r} is not SERVICE[:PORT] (a DNS label, a port 1-65535)")
     return name, int(port) if colon else 9002
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number (1-65535)")
+    return int(value)
+
+
+def _interval(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0.05 <= seconds <= 10:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds from 0.05 to 10")
+    return seconds
 
 
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -142,6 +167,17 @@ def _pool_defaults(args: argparse.Namespace) -> "PoolDefaults":
     return PoolDefaults(enabled=args.inference_pools, picker=picker)
 
 
+def _gateway(args: argparse.Namespace) -> "GatewaySource | None":
+    from .gateway_demand import GatewaySource
+
+    if args.gateway_pods is None:
+        return None
+    if args.release_namespace is None:
+        _parser().error("--gateway-pods needs --release and --release-namespace (the gateways' namespace)")
+    selector = ",".join(f"{key}={value}" for key, value in sorted(args.gateway_pods.items()))
+    return GatewaySource(args.release_namespace, selector, args.gateway_metrics_port)
+
+
 def _crds(out: Path, check: bool) -> int:
     rendered = render_definitions()
     stale = [name for name, text in rendered.items() if not (out / name).is_file() or (out / name).read_text() != text]
@@ -163,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = _parser().parse_args(["run"])
     release = _release(args)
+    gateway = _gateway(args)
     from .runner import OperatorOptions, run_operator
 
     return run_operator(
@@ -173,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             health_port=args.health_port,
             autoscale_interval=args.autoscale_interval,
             release=release,
+            gateway=gateway,
+            demand_interval=args.demand_interval,
             verbose=args.verbose,
             engine_images=_engine_images(args.engine_image),
             pool_defaults=_pool_defaults(args),

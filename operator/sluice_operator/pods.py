@@ -40,13 +40,13 @@ def serving(pod: Pod) -> bool:
     return ready(pod) and not draining(pod)
 
 
-def base_url(address: str) -> str:
-    """The runtime's URL at one pod address (IPv6 in brackets)."""
+def base_url(address: str, port: int = RUNTIME_PORT) -> str:
+    """The URL of a pod's server at one of its addresses (IPv6 in brackets): the runtime's by default."""
     try:
         is_v6 = ipaddress.ip_address(address).version == 6
     except ValueError:
         is_v6 = False
-    return f"http://[{address}]:{RUNTIME_PORT}" if is_v6 else f"http://{address}:{RUNTIME_PORT}"
+    return f"http://[{address}]:{port}" if is_v6 else f"http://{address}:{port}"
 
 
 def ready_endpoints(pods: Iterable[Pod]) -> dict[str, list[str]]:

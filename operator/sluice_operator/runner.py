@@ -11,6 +11,7 @@ import kopf
 from . import health
 from .builders import Release
 from .builders.inference_pool import PoolDefaults
+from .gateway_demand import GatewayDemandReader, GatewaySource
 from .crd import GROUP
 from .handlers.credential import follow_source
 from .handlers.registration import register
@@ -28,6 +29,8 @@ class OperatorOptions:
     health_port: int  # 0: no health port
     autoscale_interval: float
     release: Release | None  # None: runtime pods check no credential
+    gateway: GatewaySource | None  # None: no gateway's demand to read, so no model scales to zero
+    demand_interval: float
     verbose: bool
     engine_images: dict[str, str] = field(default_factory=dict)  # engine → image, where a spec names none
     pool_defaults: PoolDefaults = field(default_factory=PoolDefaults)
@@ -54,8 +57,13 @@ def run_operator(options: OperatorOptions) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     load_config()
-    state = OperatorState(kube=Kube(), autoscale_interval=options.autoscale_interval, release=options.release,
-                          engine_images=dict(options.engine_images), pool_defaults=options.pool_defaults)
+    kube = Kube()
+    state = OperatorState(kube=kube, autoscale_interval=options.autoscale_interval, release=options.release,
+                          engine_images=dict(options.engine_images), pool_defaults=options.pool_defaults,
+                          demand_interval=options.demand_interval)
+    if options.gateway is not None:
+        # Read a little more often than the models ask, so each tick sees a fresh reading.
+        state.gateway_demand = GatewayDemandReader(kube, options.gateway, options.demand_interval * 0.8)
     registry = kopf.OperatorRegistry()
     register(registry, state)
 

@@ -6,11 +6,12 @@ from typing import Any
 
 from sluice_contracts.routing_table import RoutingTable
 
-from .autoscaler import History
+from .autoscaler import DemandClock, History
 from .builders import Release
 from .builders.inference_pool import PoolDefaults
 from .metrics import OperatorMetrics
 from .coalesce import Coalescer
+from .gateway_demand import GatewayDemandReader
 from .kube import Kube
 
 Key = tuple[str, str]  # (namespace, name)
@@ -54,11 +55,18 @@ class OperatorState:
     engine_images: dict[str, str] = field(default_factory=dict)  # the release's image per engine (chart values)
     pool_defaults: PoolDefaults = field(default_factory=PoolDefaults)  # the chart's InferencePool settings
     pool_errors: dict[Key, str] = field(default_factory=dict)  # why a model's InferencePool could not be applied
+    gateway_demand: GatewayDemandReader | None = None  # None: no gateway to read, so no model goes to zero
+    demand_interval: float = 0.5
+    clocks: dict[str, DemandClock] = field(default_factory=dict)  # by uid: each model's idle clock
+    cold_starts: dict[Key, float] = field(default_factory=dict)  # scale from zero in progress: since when
+    last_cold_start: dict[Key, float] = field(default_factory=dict)  # seconds the last one took
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """A deleted InferenceModel leaves nothing behind in memory either."""
-        for by_key in (self.apply_errors, self.endpoint_counts, self.decisions, self.adapters, self.pool_errors):
+        for by_key in (self.apply_errors, self.endpoint_counts, self.decisions, self.adapters, self.pool_errors,
+                       self.cold_starts, self.last_cold_start):
             by_key.pop((namespace, name), None)
         self.histories.pop(uid, None)
         self.drains.pop(uid, None)
+        self.clocks.pop(uid, None)
         self.metrics.forget_model(namespace, name)

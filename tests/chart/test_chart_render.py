@@ -116,7 +116,8 @@ def test_operator_rules_grant_nothing_broad():
             # pool whose controller reference is that model, when the model stops asking for one.
             assert rule.get("resourceNames") or rule["resources"] == ["inferencepools"], rule
     pods = [r for r in rules if "pods" in r["resources"]]
-    assert [sorted(r["verbs"]) for r in pods] == [["list", "patch", "watch"]]
+    # Runtime pods where it serves; in the release's namespace only `list`, of the gateway pods (scale to zero).
+    assert [sorted(r["verbs"]) for r in pods] == [["list", "patch", "watch"], ["list"]]
 
 
 def test_gateway_reads_the_table_the_operator_writes(default_objects):
@@ -241,6 +242,42 @@ def test_network_policies_confine_each_component(which, default_objects, full_ob
         assert one(objects, "NetworkPolicy", "-operator")["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.96.0.1/32"}}]
         assert one(objects, "ServiceMonitor", "-gateway")["spec"]["endpoints"][0]["port"] == "metrics"
         assert one(objects, "PodMonitor", "-operator")["spec"]["podMetricsEndpoints"][0]["port"] == "health"
+
+
+@pytest.mark.parametrize("which", ["default", "full"])
+def test_the_operator_reads_each_models_demand_from_the_gateway_pods(which, default_objects, full_objects):
+    """Scale to zero: the operator finds the gateway's pods by their labels and may reach their metrics port;
+    nothing else in the namespace may, and the gateway's cold-start settings render into its config."""
+    from fixtures.network_policy import Pod, admits
+
+    from sluice_operator.cli import _gateway, _parser
+
+    objects = default_objects if which == "default" else full_objects
+    args = pod_spec(one(objects, "Deployment", "-operator"))["containers"][0]["args"]
+    source = _gateway(_parser().parse_args(["run", *args]))
+    gateway, operator = _pod(objects, "-gateway"), _pod(objects, "-operator")
+    wanted = dict(pair.split("=") for pair in source.selector.split(","))
+    assert wanted.items() <= gateway.labels.items() and not wanted.items() <= operator.labels.items()
+    assert (source.namespace, source.port) == ("sluice", gateway.ports["metrics"])
+    policies = by_kind(objects, "NetworkPolicy")
+    assert admits(policies, operator, gateway, source.port)
+    assert not admits(policies, Pod("team-b", dict(operator.labels)), gateway, source.port)
+    egress = one(objects, "NetworkPolicy", "-operator")["spec"]["egress"]
+    assert any(rule["ports"] == [{"port": source.port, "protocol": "TCP"}]
+               and wanted.items() <= rule["to"][0]["podSelector"]["matchLabels"].items() for rule in egress)
+
+
+def test_cold_start_settings_reach_the_gateway_and_bad_ones_are_refused(helm, tmp_path):
+    from sluice_gateway.config import load_config
+
+    objects = helm.template("--set-json", 'gateway.config.coldStart={"max_wait_s": 45, "max_held_per_model": 7}')
+    (tmp_path / "gateway.yaml").write_text(one(objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
+    cold_start = load_config(tmp_path / "gateway.yaml").cold_start
+    assert (cold_start.max_wait_s, cold_start.max_held_per_model, cold_start.keepalive_s) == (45, 7, 5)
+    for bad in ('{"max_wait_s": 0}', '{"max_held_per_model": -1}', '{"max_wait": 10}', '{"keepalive_s": "5"}'):
+        result = helm.run("template", "sluice", str(CHART), "--set-json", f"gateway.config.coldStart={bad}",
+                          check=False)
+        assert result.returncode != 0 and "coldStart" in result.stderr, bad
 
 
 @pytest.mark.parametrize("which", ["default", "full"])

@@ -74,9 +74,48 @@ def test_starting_pods_count_as_idle_for_growth_and_on_target_for_shrinking():
     assert decision.action == "Hold"
 
 
-def test_never_below_one_even_when_min_is_misconfigured():
+def test_load_never_takes_a_model_below_one_even_with_min_0():
     targets = Targets(0, 3, 0.5, 4, 0, 0)
     decision = decide(targets, Observation(1, _pods((0.0, 0))), History(), now=0)
+    assert decision.desired_replicas == 1
+    # Scale to zero configured, but the idle clock is unknown (no gateway read yet): load alone keeps one.
+    zero = Targets(0, 3, 0.5, 4, 0, 0, scale_to_zero_after_seconds=30)
+    assert decide(zero, Observation(1, _pods((0.0, 0))), History(), now=0).desired_replicas == 1
+
+
+ZERO = Targets(0, 3, 0.5, 4, 0, 300, scale_to_zero_after_seconds=60)
+
+
+def _idle_pods(count):
+    return tuple(PodSample(f"p{i}", 0.0, 0, 0) for i in range(count))
+
+
+IDLE = [
+    # (case, current, samples, failures, held, idle seconds, expected action, replicas, reason fragment)
+    ("idle past the time goes to zero", 1, _idle_pods(1), (), 0, 61, "ScaleDown", 0, "no request for 61 s"),
+    ("idle two replicas go to zero at once", 2, _idle_pods(2), (), 0, 60, "ScaleDown", 0,
+     "scaleToZeroAfterSeconds 60"),
+    ("not yet idle long enough", 1, _idle_pods(1), (), 0, 59, "Hold", 1, "on target"),
+    ("a held request keeps it", 1, _idle_pods(1), (), 1, 1000, "Hold", 1, ""),
+    ("a running request keeps it", 1, (PodSample("p0", 0.1, 0, 1.0),), (), 0, 1000, "Hold", 1, ""),
+    ("a waiting request keeps it", 1, (PodSample("p0", 0.0, 2, 0.0),), (), 0, 1000, "Hold", 1, ""),
+    ("unreadable metrics keep it", 1, (), (("p0", "/metrics unreachable"),), 0, 1000, "Hold", 1, "no usable metrics"),
+    ("at zero with nothing held stays", 0, (), (), 0, 1000, "Hold", 0, "scaled to zero"),
+    ("at zero a held request starts one", 0, (), (), 3, 0, "ScaleUp", 1, "scale from zero: 3 requests held"),
+]
+
+
+@pytest.mark.parametrize("case,current,samples,failures,held,idle,action,desired,reason", IDLE,
+                         ids=[c[0] for c in IDLE])
+def test_scale_to_zero_and_back(case, current, samples, failures, held, idle, action, desired, reason):
+    observation = Observation(current, samples, failures, held=held, idle_seconds=idle)
+    decision = decide(ZERO, observation, History(), now=1000.0)
+    assert (decision.action, decision.desired_replicas) == (action, desired), decision.reason
+    assert reason in decision.reason
+
+
+def test_a_model_without_scale_to_zero_never_goes_there_however_idle():
+    decision = decide(TARGETS, Observation(1, _pods((0.0, 0)), idle_seconds=10**9), History(), now=10**9)
     assert decision.desired_replicas == 1
 
 

@@ -98,6 +98,7 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- with $c.timeouts }}{{ $_ := set $config "timeouts" . }}{{ end -}}
 {{- $_ := set $config "shutdown" (dict "ready_grace_s" (int $root.Values.gateway.shutdown.readyGraceSeconds) "drain_s" (int $root.Values.gateway.shutdown.drainSeconds)) -}}
 {{- with $c.routing }}{{ $_ := set $config "routing" . }}{{ end -}}
+{{- with $c.coldStart }}{{ $_ := set $config "cold_start" . }}{{ end -}}
 {{- with (include "sluice.redisUrl" $root) }}
 {{- $_ := set $config "redis" (dict "url" . "on_failure" $root.Values.redis.onFailure) -}}
 {{- end -}}

@@ -4,6 +4,10 @@ Like the HorizontalPodAutoscaler: a recommendation per tick from the load agains
 stabilization windows (scale up to the lowest recommendation of the up-window, down to the highest of the
 down-window). On top, safety rails: a missing, stale or unparsable metric never lets the model shrink, and
 pods the cluster cannot schedule stop further growth instead of piling up.
+
+Load never takes a model below one replica. A model with scaleToZeroAfterSeconds goes to zero only once no
+gateway has seen a request for it that long (the idle clock, demand.py) and its pods report none running or
+waiting; at zero, a request held at a gateway brings it back to one.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ class Targets:
     waiting_per_replica: float
     scale_up_window_seconds: float
     scale_down_window_seconds: float
+    scale_to_zero_after_seconds: float | None = None  # None: never below one replica
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,8 @@ class Observation:
     failures: tuple[tuple[str, str], ...] = ()
     unschedulable_pods: int = 0
     unschedulable_message: str = ""
+    held: int = 0  # requests the gateways hold for the model, which has no endpoint
+    idle_seconds: float | None = None  # since the gateways last saw a request for it; None: not known
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,13 @@ def decide(targets: Targets, observation: Observation, history: History, now: fl
         action = "ScaleUp" if desired > current else "ScaleDown" if desired < current else "Hold"
         return Decision(action, current, desired, reason, len(fresh), kv_mean, waiting, running)
 
+    if current == 0:
+        if observation.held:
+            return verdict(1, f"scale from zero: {observation.held} requests held")
+        return verdict(0, "scaled to zero: no request held")
+    idle = _idle(targets, observation, problems)
+    if idle is not None:
+        return verdict(0, idle)
     bounded = _clamp(current, targets)
     if bounded != current:
         return verdict(bounded, f"replicas {current} outside minReplicas {targets.min_replicas}..maxReplicas {targets.max_replicas}")
@@ -156,6 +170,16 @@ def decide(targets: Targets, observation: Observation, history: History, now: fl
             return verdict(current, f"holding: {load} allows {recommendation}, waiting out the scale-down window")
         return verdict(desired, f"{load} allows {desired}")
     return verdict(current, f"on target: {load}")
+
+
+def _idle(targets: Targets, observation: Observation, problems: list[str]) -> str | None:
+    """Why the model may go to zero now, or None. Not while a pod's metrics are missing: it may be busy."""
+    after, idle = targets.scale_to_zero_after_seconds, observation.idle_seconds
+    if after is None or idle is None or idle < after or observation.held or problems:
+        return None
+    if any(s.running or s.waiting for s in observation.samples):
+        return None
+    return f"no request for {idle:.0f} s (scaleToZeroAfterSeconds {after:g}): scaling to zero"
 
 
 def pick_victims(samples: tuple[PodSample, ...], count: int) -> list[str]:

@@ -1,16 +1,20 @@
-"""The autoscaler tick of one InferenceModel: scrape its ready pods, decide, drain, scale, report."""
+"""The autoscaler tick of one InferenceModel: scrape its ready pods, decide, drain, scale, report.
+
+A model that scales to zero also has an idle clock, kept from the gateways' demand (observe_demand).
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
 import kopf
 
-from ..autoscaler import (Decision, History, MetricsError, Observation, PodSample, Targets, decide, pick_victims,
-                          scrape)
+from ..autoscaler import (Decision, DemandClock, History, MetricsError, Observation, PodSample, Targets, decide,
+                          pick_victims, scrape)
 from ..builders import selector_string
 from ..crd import InferenceModel, InferenceModelSpec
 from ..crd.inference_model import AutoscalerDecision, AutoscalerMetrics
@@ -44,7 +48,20 @@ async def _observe(pods: list[dict[str, Any]], served: str, engine: str, current
     return Observation(current, tuple(samples), tuple(failures), pending, unschedulable)
 
 
-async def _set_draining(state: OperatorState, namespace: str, pods: list[str], draining: bool) -> None:
+async def observe_demand(state: OperatorState, namespace: str, name: str, uid: str) -> DemandClock | None:
+    """The model's idle clock, brought up to date from the gateways; None when no gateway serves its namespace
+    (nothing would bring it back from zero, so it never goes there)."""
+    reader = state.gateway_demand
+    if reader is None or reader.source.namespace != namespace:
+        return None
+    demand = await reader.read()
+    now = time.monotonic()
+    clock = state.clocks.setdefault(uid, DemandClock(now))
+    clock.observe(now, demand.get(name, {}))
+    return clock
+
+
+async def set_draining(state: OperatorState, namespace: str, pods: list[str], draining: bool) -> None:
     annotations = {DRAINING_ANNOTATION: "true", DELETION_COST: "-1000"} if draining else {
         DRAINING_ANNOTATION: None, DELETION_COST: None}
     await asyncio.gather(*(state.kube.annotate_pod(namespace, pod, annotations) for pod in pods))
@@ -61,14 +78,14 @@ async def _drain_first(state: OperatorState, namespace: str, uid: str, decision:
         victims = pick_victims(samples, decision.current_replicas - desired)
         if pending is None or pending.replicas != desired or not set(pending.pods) <= {s.pod for s in samples}:
             if pending is not None:
-                await _set_draining(state, namespace, pending.pods, False)
+                await set_draining(state, namespace, pending.pods, False)
             state.drains[uid] = PendingDrain(victims, desired)
-            await _set_draining(state, namespace, victims, True)
+            await set_draining(state, namespace, victims, True)
             return decision.current_replicas, f"{reason}; draining {', '.join(victims)} first"
         state.drains.pop(uid, None)
     elif pending is not None:
         state.drains.pop(uid, None)
-        await _set_draining(state, namespace, pending.pods, False)
+        await set_draining(state, namespace, pending.pods, False)
     return desired, reason
 
 
@@ -78,9 +95,14 @@ async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name:
     if auto is None:
         return
     targets = Targets(auto.min_replicas, auto.max_replicas, auto.target_kv_cache_usage,
-                      auto.target_waiting_per_replica, auto.scale_up_window_seconds, auto.scale_down_window_seconds)
+                      auto.target_waiting_per_replica, auto.scale_up_window_seconds, auto.scale_down_window_seconds,
+                      auto.scale_to_zero_after_seconds)
     pods = await state.kube.list_pods(namespace, selector_string(name))
     observation = await _observe(pods, spec.served_name(name), spec.runtime.engine, spec.replicas)
+    if auto.scales_to_zero and (clock := await observe_demand(state, namespace, name, uid)) is not None:
+        if any(s.running or s.waiting for s in observation.samples):
+            clock.touch(time.monotonic())
+        observation = replace(observation, held=clock.held, idle_seconds=clock.idle_seconds(time.monotonic()))
     history = state.histories.setdefault(uid, History())
     decision = decide(targets, observation, history, time.monotonic())
 
@@ -101,6 +123,8 @@ async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name:
     if observation.failures:
         state.metrics.scrape_failures.labels(namespace, name).inc(len(observation.failures))
     if desired != decision.current_replicas:
+        if decision.current_replicas == 0:
+            state.cold_starts.setdefault((namespace, name), time.monotonic())
         await state.kube.scale(InferenceModel.plural, namespace, name, desired)
         kopf.info(body, reason="Scaled", message=f"{decision.current_replicas} → {desired} replicas: {reason}")
         log.info("%s/%s: %d → %d (%s)", namespace, name, decision.current_replicas, desired, reason)

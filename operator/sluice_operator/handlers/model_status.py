@@ -39,6 +39,11 @@ async def refresh(state: OperatorState, namespace: str, name: str) -> None:
         status["autoscaler"] = existing["autoscaler"]
     status.update(_adapters(state, namespace, name, model))
     status.update(await inference_pool.pool_status(state, namespace, name, model.get("spec") or {}, existing))
+    cold_start = state.last_cold_start.get((namespace, name))
+    if cold_start is not None:
+        status["lastColdStartSeconds"] = round(cold_start, 2)
+    elif "lastColdStartSeconds" in existing:
+        status["lastColdStartSeconds"] = existing["lastColdStartSeconds"]
     if status != existing:
         await state.kube.patch_status(InferenceModel.plural, namespace, name, status)
 

@@ -9,7 +9,7 @@ import kopf
 from ..crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION, InferenceModel, ModelRoute
 from ..builders.inference_pool import pool_enabled
 from ..state import OperatorState
-from . import adapters, autoscaling, inference_model
+from . import adapters, autoscaling, inference_model, scale_from_zero
 from .model_status import request_refresh
 from .routing import request_compile
 
@@ -60,3 +60,8 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
                 when=lambda spec, **_: spec.get("adapters") is not None, registry=registry)
     async def resync_adapters(namespace: str, name: str, **_: Any) -> None:
         adapters.request_sync(state, namespace, name)
+
+    @kopf.timer(GROUP, VERSION, InferenceModel.plural, interval=state.demand_interval,
+                when=lambda spec, **_: (spec.get("autoscaling") or {}).get("minReplicas") == 0, registry=registry)
+    async def wake_from_zero(body: kopf.Body, namespace: str, name: str, uid: str, **_: Any) -> None:
+        await scale_from_zero.tick(state, dict(body), namespace, name, uid)

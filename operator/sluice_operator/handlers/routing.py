@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import kopf
@@ -95,13 +96,19 @@ async def _publish_verdicts(state: OperatorState, namespace: str, route_objs: li
             await state.kube.patch_status(ModelRoute.plural, namespace, name, status)
 
 
-def _count_endpoints(state: OperatorState, namespace: str, models: list[str], endpoints: dict[str, list[str]]) -> None:
-    """A model whose endpoint count changed gets its status refreshed."""
-    for name in models:
+def _count_endpoints(state: OperatorState, namespace: str, model_objs: list[dict[str, Any]],
+                     endpoints: dict[str, list[str]]) -> None:
+    """A model whose endpoint count changed gets its status refreshed; its first endpoint ends a scale from zero."""
+    for obj in model_objs:
+        name = obj["metadata"]["name"]
         count = len(endpoints.get(name, ()))
         state.metrics.endpoints.labels(namespace, name).set(count)
         if state.endpoint_counts.get((namespace, name)) != count:
             state.endpoint_counts[(namespace, name)] = count
+            started = state.cold_starts.pop((namespace, name), None) if count else None
+            if started is not None:
+                seconds = state.last_cold_start[(namespace, name)] = time.monotonic() - started
+                kopf.info(obj, reason="ColdStart", message=f"scale from zero: first endpoint ready after {seconds:.1f} s")
             request_refresh(state, namespace, name)
 
 
@@ -133,7 +140,7 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
     state.tables[namespace] = table
     state.metrics.table_generation.labels(namespace).set(table.generation)
     await _publish_verdicts(state, namespace, route_objs, {**compiled.verdicts, **invalid})
-    _count_endpoints(state, namespace, list(models), endpoints)
+    _count_endpoints(state, namespace, [obj for obj in model_objs if obj["metadata"]["name"] in models], endpoints)
     _warn_adapter_conflicts(state, namespace, model_objs, compiled.adapter_conflicts)
 
 
