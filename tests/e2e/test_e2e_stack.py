@@ -509,6 +509,78 @@ def test_7b_a_vllm_engine_model_is_routed_scaled_and_reported(stack, record_prop
     wait_for(lambda: not stack.model_pods("smollm2-vllm"), timeout=90, what="the vLLM pods to go")
 
 
+IDLE_S = 10  # the scenario's scaleToZeroAfterSeconds: short, so the model goes to zero within the test's patience
+
+
+def _at_zero(stack) -> bool:
+    model = stack.get("im", "smollm2")
+    return (model["spec"]["replicas"] == 0 and not stack.model_pods("smollm2")
+            and stack.condition("im", "smollm2", "Ready").get("reason") == "ScaledToZero")
+
+
+def _ask(client, n: int, stream: bool) -> tuple[bool, str]:
+    """One chat request as an application sends it: (answered in full, what went wrong)."""
+    try:
+        messages = [{"role": "user", "content": f"Say hello to visitor {n}."}]
+        if stream:
+            chunks = list(client.chat.completions.create(model="chat", messages=messages, max_tokens=8, stream=True))
+            return any(c.choices and c.choices[0].finish_reason for c in chunks), ""
+        reply = client.chat.completions.create(model="chat", messages=messages, max_tokens=8)
+        return reply.choices[0].finish_reason is not None, ""
+    except Exception as error:  # every kind counts
+        return False, f"{type(error).__name__}: {error}"[:300]
+
+
+def test_7c_scale_to_zero_and_back_without_losing_a_request(stack, record_property):
+    import concurrent.futures
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{stack.gateway_url}/v1", api_key=TENANT_KEY, max_retries=0, timeout=400)
+    stack.kubectl("patch", "im", "smollm2", "--type=merge", "-p", json.dumps(
+        {"spec": {"autoscaling": {"minReplicas": 0, "scaleToZeroAfterSeconds": IDLE_S}}}))
+    idle_from = time.monotonic()
+    wait_for(lambda: _at_zero(stack), timeout=180, interval=1, what="the idle model to scale to zero")
+    record_property("to_zero_s", round(time.monotonic() - idle_from, 1))
+    # At zero the model is still a model: listed, routable, with no endpoint; `kubectl get im` says why.
+    assert _im_columns(stack)["smollm2"]["STATUS"] == "ScaledToZero"
+    assert {"chat", "smollm2"} <= {m.id for m in client.models.list().data}
+    assert stack.routing_table()["routes"]["smollm2"]["backends"][0]["endpoints"] == []
+    assert any("scaling to zero" in e["message"] for e in stack.events("smollm2", "Scaled"))
+
+    # Ten requests at once, five streaming: held at the gateway, the operator starts a replica, all are answered.
+    (gateway,) = stack.pods("app.kubernetes.io/component=gateway")
+    holds = stack.metric(gateway, 9090, "sluice_gateway_hold_seconds_count")
+    sent = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda n: _ask(client, n, stream=n % 2 == 0), range(10)))
+    record_property("cold_start_round_trip_s", round(time.monotonic() - sent, 1))
+    assert [why for ok, why in answers if not ok] == [], "a request held at zero was lost"
+    assert stack.metric(gateway, 9090, "sluice_gateway_hold_seconds_count") - holds == 10
+    held_ms = sorted(line["held_ms"] for line in stack.access_log().values() if line.get("held_ms"))[-10:]
+    record_property("hold_s_p50", round(held_ms[4] / 1000, 1))
+    record_property("hold_s_max", round(held_ms[-1] / 1000, 1))
+    scaled = [e["message"] for e in stack.events("smollm2", "Scaled") if e["message"].startswith("0 → 1")]
+    assert scaled and "requests held" in scaled[0], scaled
+    cold = wait_for(lambda: (stack.get("im", "smollm2").get("status") or {}).get("lastColdStartSeconds"),
+                    timeout=30, what="status.lastColdStartSeconds")
+    record_property("last_cold_start_s", cold)
+    assert 0 < cold < time.monotonic() - sent
+    assert stack.events("smollm2", "ColdStart")
+
+    # Idle again: back to zero. Then a request that arrives while the last replica drains is still answered.
+    wait_for(lambda: _at_zero(stack), timeout=180, interval=1, what="the model to return to zero")
+    assert _ask(client, 99, stream=False)[0], "one request brings it back"
+    with stack.record_pods("sluice.dev/inference-model=smollm2") as pods:
+        drained = wait_for(lambda: _first(pods, lambda p: (p["metadata"].get("annotations") or {})
+                                          .get("sluice.dev/draining")), timeout=120, interval=0.1,
+                           what="the last replica to be drained on its way to zero")
+        late = _ask(client, 100, stream=True)
+    record_property("request_during_drain_s_after_mark", round(time.monotonic() - drained[0], 1))
+    assert late[0], f"a request arriving while the last replica drained was lost: {late[1]}"
+    record_property("drain_cancelled", bool(stack.events("smollm2", "ScaleDownCancelled")))
+
+
 @pytest.mark.e2e_always
 def test_8_delete_and_uninstall_leave_nothing_behind(stack, record_property):
     started = time.monotonic()
