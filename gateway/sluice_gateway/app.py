@@ -235,7 +235,7 @@ class GatewayApp:
             record(ctx, self.metrics, self.config.access_log)
 
     async def _serve(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send) -> None:
-        """Auth, body, parse, then admission; then pick and forward."""
+        """Auth, body, parse, then admission; then held while the model has no endpoint, picked and forwarded."""
         ctx.principal = require_principal(self.keys, headers)
         body = await read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
         parsed = ctx.parsed = parse_request(body, kind=ctx.kind, prefix_chars=self.config.routing.prefix_chars)
