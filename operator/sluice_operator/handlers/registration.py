@@ -61,7 +61,9 @@ def register(registry: kopf.OperatorRegistry, state: OperatorState) -> None:
     async def resync_adapters(namespace: str, name: str, **_: Any) -> None:
         adapters.request_sync(state, namespace, name)
 
-    @kopf.timer(GROUP, VERSION, InferenceModel.plural, interval=state.demand_interval,
-                when=lambda spec, **_: (spec.get("autoscaling") or {}).get("minReplicas") == 0, registry=registry)
-    async def wake_from_zero(body: kopf.Body, namespace: str, name: str, uid: str, **_: Any) -> None:
-        await scale_from_zero.tick(state, dict(body), namespace, name, uid)
+    # A daemon, not a timer: it runs every demand interval without a log line each time, and, like timers, only
+    # in the leading replica (kopf stops daemons while peering pauses the operator).
+    @kopf.daemon(GROUP, VERSION, InferenceModel.plural, cancellation_timeout=1.0,
+                 when=lambda spec, **_: (spec.get("autoscaling") or {}).get("minReplicas") == 0, registry=registry)
+    async def wake_from_zero(body: kopf.Body, namespace: str, name: str, uid: str, stopped: Any, **_: Any) -> None:
+        await scale_from_zero.run(state, body, namespace, name, uid, stopped)

@@ -19,6 +19,16 @@ log = logging.getLogger(__name__)
 RECENT_SECONDS = 10.0
 
 
+async def run(state: OperatorState, body: Any, namespace: str, name: str, uid: str, stopped: Any) -> None:
+    """Every demand interval until kopf stops the daemon; `body` is kopf's live view of the model."""
+    while not stopped:
+        try:
+            await tick(state, dict(body), namespace, name, uid)
+        except Exception:  # the next round tries again; one failed API call must not end the daemon
+            log.exception("%s/%s: scale from zero failed", namespace, name)
+        await stopped.wait(state.demand_interval)
+
+
 async def tick(state: OperatorState, body: dict[str, Any], namespace: str, name: str, uid: str) -> None:
     spec = InferenceModelSpec.model_validate(body.get("spec") or {})
     if spec.autoscaling is None or not spec.autoscaling.scales_to_zero:
