@@ -50,8 +50,9 @@ def wait_until(condition, what: str, timeout: float = 30):
 class Held:
     """One request in a thread of its own, as a client sees it: when its headers came, its lines, its status."""
 
-    def __init__(self, url: str, *, stream: bool) -> None:
+    def __init__(self, url: str, *, stream: bool, **extra) -> None:
         self.stream, self.lines, self.status, self.headers_at, self.error = stream, [], None, None, None
+        self.extra = extra
         self.headers: dict = {}
         self.body = b""
         self._thread = threading.Thread(target=self._run, args=(url,), daemon=True)
@@ -60,7 +61,7 @@ class Held:
     def _run(self, url: str) -> None:
         try:
             with httpx.stream("POST", f"{url}/v1/chat/completions", headers=HEADERS, timeout=120,
-                              json=chat(stream=self.stream)) as response:
+                              json=chat(stream=self.stream, **self.extra)) as response:
                 self.headers_at, self.status, self.headers = time.monotonic(), response.status_code, response.headers
                 if self.stream:
                     for line in response.iter_lines():
@@ -84,11 +85,12 @@ def test_held_requests_are_answered_once_an_endpoint_appears(tiny_runtimes, star
 
     plain = [Held(gateway.url, stream=False) for _ in range(2)]
     streams = [Held(gateway.url, stream=True) for _ in range(2)]
+    refused = Held(gateway.url, stream=True, temperature=-1)  # the runtime will refuse it, after the hold
     answers: list = []
     official = threading.Thread(target=lambda: answers.append(list(client.chat.completions.create(**chat(stream=True)))))
     official.start()
     # The demand signal the operator reads: held requests per model, by the routing table's backend name.
-    wait_until(lambda: gateway.metric("sluice_gateway_held_requests", backend="tiny-im") == 5, "5 held requests")
+    wait_until(lambda: gateway.metric("sluice_gateway_held_requests", backend="tiny-im") == 6, "6 held requests")
     wait_until(lambda: all(sum(KEEPALIVE == line for _, line in s.lines) >= 2 for s in streams),
                "streams to get keepalive comments")
     time.sleep(0.5)
@@ -97,9 +99,12 @@ def test_held_requests_are_answered_once_an_endpoint_appears(tiny_runtimes, star
 
     appeared = time.monotonic()
     gateway.write_routes(started(tiny_runtimes[0].url))
-    for request in plain + streams:
+    for request in plain + streams + [refused]:
         request.join()
     official.join(timeout=120)
+    # Its headers (200) went out while it was held: the runtime's 400 is the stream's last event, in API shape.
+    assert refused.status == 200 and refused.lines[-1][1].startswith('data: {"error"')
+    assert '"type": "invalid_request_error"' in refused.lines[-1][1] and "temperature" in refused.lines[-1][1]
 
     for request in plain:
         assert request.status == 200 and request.headers_at > appeared, request.body
@@ -112,13 +117,13 @@ def test_held_requests_are_answered_once_an_endpoint_appears(tiny_runtimes, star
     (chunks,) = answers
     assert chunks and chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason, "the official client reads it"
     assert gateway.metric("sluice_gateway_held_requests", backend="tiny-im") == 0
-    assert gateway.metric("sluice_gateway_hold_seconds_count", backend="tiny-im", outcome="forwarded") == 5
+    assert gateway.metric("sluice_gateway_hold_seconds_count", backend="tiny-im", outcome="forwarded") == 6
     held_ms = [line["held_ms"] for line in gateway.log_lines() if line.get("route") == "tiny"]
-    assert len(held_ms) == 5 and all(ms > 0 for ms in held_ms), held_ms
+    assert len(held_ms) == 6 and all(ms > 0 for ms in held_ms), held_ms
     # Held no longer: the next request is forwarded at once, with no hold recorded.
     reply = client.chat.completions.create(**chat())
     assert reply.choices[0].message.content is not None
-    assert gateway.metric("sluice_gateway_hold_seconds_count", backend="tiny-im") == 5
+    assert gateway.metric("sluice_gateway_hold_seconds_count", backend="tiny-im") == 6
 
 
 def test_past_max_held_or_max_wait_the_client_gets_503_saying_the_model_is_starting(start_gateway):
