@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
-LITELLM_PIN = "litellm[proxy]==1.106.12"  # newest whose proxy extra resolves on PyPI
+LITELLM_PIN = "litellm[proxy]==1.108.7"
 TENANT_KEY = "sk-bench-tenant"
 LITELLM_KEY = "sk-bench-master"
 PAYLOAD = {"model": "bench", "max_tokens": 8,
@@ -63,11 +63,32 @@ def rss_mib(process: subprocess.Popen) -> float:
     return float("nan")
 
 
+# LiteLLM as its production guide (docs.litellm.ai/docs/proxy/prod) has it run: debug logging off, FastAPI's info
+# logs off, no spend or error logs written, one uvicorn worker per pod (Kubernetes); the model priced, so the
+# cost tracking every request runs finds a price instead of failing a lookup for an unknown model, and the
+# packaged cost map, so the start fetches nothing from the network.
+LITELLM_ENV = {"LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MODE": "PRODUCTION"}
+
+
+def litellm_config(backend: str) -> dict:
+    return {
+        "model_list": [{"model_name": "bench",
+                        "litellm_params": {"model": "openai/bench", "api_base": f"{backend}/v1", "api_key": "fake"},
+                        "model_info": {"input_cost_per_token": 0, "output_cost_per_token": 0}}],
+        "general_settings": {"master_key": LITELLM_KEY, "disable_spend_logs": True, "disable_error_logs": True,
+                             "proxy_batch_write_at": 60},
+        "litellm_settings": {"set_verbose": False, "json_logs": True, "request_timeout": 600},
+    }
+
+
 def litellm_python(venv: Path) -> Path:
     python = venv / "bin" / "python"
-    if not (venv / "bin" / "litellm").exists():
-        print(f"installing {LITELLM_PIN} into {venv} (once) ...", flush=True)
+    if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    installed = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                               capture_output=True, text=True).stdout.strip()
+    if installed != LITELLM_PIN.rpartition("==")[2]:
+        print(f"installing {LITELLM_PIN} into {venv} (once) ...", flush=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", LITELLM_PIN], check=True)
     return python
 
@@ -157,13 +178,9 @@ def main() -> None:
         }
         if not args.no_litellm:
             python = litellm_python(args.litellm_venv)
-            (workdir / "litellm.yaml").write_text(json.dumps({
-                "model_list": [{"model_name": "bench", "litellm_params": {
-                    "model": "openai/bench", "api_base": f"{backend}/v1", "api_key": "fake"}}],
-                "general_settings": {"master_key": LITELLM_KEY},
-            }))
+            (workdir / "litellm.yaml").write_text(json.dumps(litellm_config(backend)))
             litellm_port = free_port()
-            env = {**os.environ, "LITELLM_OFFLINE_MODE": "true", "LITELLM_LOG": "ERROR"}
+            env = {**os.environ, **LITELLM_ENV}
             procs.append(subprocess.Popen(
                 [str(python), "-m", "litellm.proxy.proxy_cli", "--config", str(workdir / "litellm.yaml"),
                  "--host", "127.0.0.1", "--port", str(litellm_port), "--num_workers", "1"], env=env, **quiet))
