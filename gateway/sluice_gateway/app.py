@@ -1,7 +1,8 @@
 """The gateway's HTTP front: a plain ASGI app (no framework on the hot path, for latency).
 
 Request path: auth → body → parse → model permission → route lookup → context check → limits → held while the
-model has no endpoint (cold_start_hold.py) → pick and forward (forwarder.py) → relay the response (relay.py).
+model has no endpoint (cold_start_hold.py) → a less urgent priority class waits while every replica is saturated
+(priority_hold.py) → pick and forward (forwarder.py) → relay the response (relay.py).
 The request travels as one RequestContext.
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
 access-log line (access_record.py; with the key's id, never the key).
@@ -35,6 +36,7 @@ from .limits.redis import RedisLimiter
 from .load_poller import LoadPoller
 from .metrics import GatewayMetrics
 from .picker import Picker
+from .priority_hold import PriorityHold
 from .plain_endpoints import GET_ROUTES
 from .request import parse_request
 from .request_context import RequestContext
@@ -82,6 +84,7 @@ class GatewayApp:
         self.keys = KeyStore(config)
         self.picker = Picker(config.routing)
         self.picker.sync(self.table)
+        self.priority_hold = PriorityHold(self.picker, self.metrics)
         self.forwarder = Forwarder(
             config.timeouts, self.picker, self.metrics, credential=self.files.upstream_credential,
             max_response_bytes=config.max_response_bytes,
@@ -242,6 +245,8 @@ class GatewayApp:
         table = self.table
         ctx.outcome.route = parsed.model
         routes = await self._admit(ctx, table)
+        # The tenant's priority goes upstream in headers (forwarder.py); a client's own is not passed on.
+        parsed.payload.pop("priority", None)
         ctx.strip_usage = parsed.stream and not parsed.client_wants_usage
         if ctx.strip_usage:
             # Usage lets the limiter settle the real token count; the client did not ask, so it is dropped.
@@ -254,8 +259,11 @@ class GatewayApp:
         async def hold_then_forward() -> None:
             if models := starting_models(routes):
                 await self.hold.wait(ctx, models, lambda: not starting_models(self._routes(self.table, ctx)), send)
+            rank = ctx.principal.rank
+            await self.priority_hold.wait(rank, self.config.priority, lambda: self.picker.saturated(
+                self.table, parsed.model, ctx.principal.may_use, ctx.kind))
             attempts = self.picker.plan(self.table, parsed.model, prefix=prefix, session=sticky,
-                                        allowed=ctx.principal.may_use, task=ctx.kind)
+                                        allowed=ctx.principal.may_use, task=ctx.kind, prefer_idle=rank.urgency < 0)
             await self.forwarder.forward(ctx, attempts, self.config.routing.max_attempts, send)
 
         await self._until_disconnect(ctx, hold_then_forward, receive)

@@ -9,8 +9,21 @@ import re
 from dataclasses import dataclass
 from fnmatch import translate
 
+from sluice_contracts.request_priority import DEFAULT_SHARE
+
 from .config import GatewayConfig, Limits
 from .errors import GatewayError
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """Where a tenant's requests stand (gateway.yaml `priority`): its class, the class's number (lower is more
+    urgent), its share, and how the number compares with the default class's (-1 more urgent, 0, 1 less)."""
+
+    priority_class: str
+    number: int
+    share: float
+    urgency: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +32,7 @@ class Principal:
     key_id: str
     limits: Limits
     model_pattern: re.Pattern[str]
+    rank: Rank
     admin: bool = False
 
     def may_use(self, model: str) -> bool:
@@ -28,12 +42,21 @@ class Principal:
 class KeyStore:
     def __init__(self, config: GatewayConfig) -> None:
         self._by_digest: dict[str, Principal] = {}
+        classes = config.priority
+        default = classes.number(None)
+
+        def rank(name: str | None, share: float) -> Rank:
+            number = classes.number(name)
+            return Rank(name or classes.default_class, number, share, (number > default) - (number < default))
+
         for tenant in config.tenants:
             pattern = re.compile("|".join(f"(?:{translate(glob)})" for glob in tenant.models) or "(?!)")
             for key in tenant.keys:
-                self._by_digest[key.sha256] = Principal(tenant.name, key.id, tenant.limits, pattern)
+                self._by_digest[key.sha256] = Principal(
+                    tenant.name, key.id, tenant.limits, pattern, rank(tenant.priority, tenant.share))
         for key in config.admin_keys:
-            self._by_digest[key.sha256] = Principal("admin", key.id, Limits(), re.compile("(?!)"), admin=True)
+            self._by_digest[key.sha256] = Principal(
+                "admin", key.id, Limits(), re.compile("(?!)"), rank(None, DEFAULT_SHARE), admin=True)
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The principal behind an `Authorization: Bearer KEY` header, or None when missing or unknown."""

@@ -1,4 +1,4 @@
-"""gateway.yaml: listen settings, timeouts, Redis, tenants with hashed keys, allowed models and limits.
+"""gateway.yaml: listen settings, timeouts, Redis, tenants with hashed keys, allowed models, limits and priority.
 
 In the cluster this file comes from a Secret. API keys are stored only as SHA-256 hex digests
 (`printf %s "$KEY" | sha256sum`); each key also has an `id` that logs and metrics use instead of it.
@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+
+from sluice_contracts import request_priority
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -50,6 +52,48 @@ class Tenant(_Strict):
     keys: tuple[ApiKey, ...] = Field(min_length=1)
     models: tuple[str, ...] = Field(default=("*",), description="Globs of public model names this tenant may use.")
     limits: Limits = Limits()
+    priority: str | None = Field(default=None, description="A class of priority.classes; default: its default_class.")
+    share: float = Field(
+        default=request_priority.DEFAULT_SHARE, ge=request_priority.MIN_SHARE, le=request_priority.MAX_SHARE,
+        strict=True, description="Weight against the other tenants of its class when a runtime is saturated.",
+    )
+
+
+_CLASS_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+PriorityNumber = Annotated[StrictInt, Field(ge=request_priority.MIN_PRIORITY, le=request_priority.MAX_PRIORITY)]
+
+
+class Priority(_Strict):
+    """Priority classes (name -> number, lower is more urgent: sluice_contracts.request_priority) and the hold that
+    requests of classes less urgent than the default one wait in while every replica is saturated."""
+
+    classes: dict[str, PriorityNumber] = Field(
+        default_factory=lambda: dict(request_priority.DEFAULT_CLASSES), min_length=1
+    )
+    default_class: str = Field(default=request_priority.DEFAULT_CLASS, description="The class of a tenant naming none.")
+    hold_s: float = Field(
+        default=2.0, ge=0, le=60,
+        description="Longest wait of a less urgent request for a replica with nothing queued; then 503. 0: no hold.",
+    )
+    max_held: int = Field(default=256, ge=0, le=100_000, description="Requests held at once; more get 503 at once.")
+
+    @field_validator("classes")
+    @classmethod
+    def _plain_names(cls, classes: dict[str, int]) -> dict[str, int]:
+        bad = [name for name in classes if not _CLASS_NAME.match(name)]
+        if bad:
+            raise ValueError(f"class names are 1-63 lowercase letters, digits, '-' or '_', starting with a letter; "
+                             f"got {bad}")
+        return classes
+
+    @model_validator(mode="after")
+    def _default_is_a_class(self) -> "Priority":
+        if self.default_class not in self.classes:
+            raise ValueError(f"default_class {self.default_class!r} is not one of the classes {sorted(self.classes)}")
+        return self
+
+    def number(self, name: str | None) -> int:
+        return self.classes[name or self.default_class]
 
 
 class Listen(_Strict):
@@ -150,6 +194,7 @@ class GatewayConfig(_Strict):
     routing: Routing = Routing()
     cold_start: ColdStart = ColdStart()
     admin_keys: tuple[ApiKey, ...] = ()
+    priority: Priority = Priority()
     tenants: tuple[Tenant, ...] = ()
     access_log: bool = True
 
@@ -173,11 +218,20 @@ class GatewayConfig(_Strict):
             raise ValueError("the same API key is listed twice")
         return self
 
+    @model_validator(mode="after")
+    def _tenant_classes_exist(self) -> "GatewayConfig":
+        for tenant in self.tenants:
+            if tenant.priority is not None and tenant.priority not in self.priority.classes:
+                raise ValueError(f"tenant {tenant.name!r}: priority {tenant.priority!r} is not one of the classes "
+                                 f"{sorted(self.priority.classes)} (priority.classes)")
+        return self
+
 
 # What a running gateway applies when gateway.yaml changes (read per use); every other field is bound at start, and a
 # change to it is logged and waits for a restart. The chart restarts the pods on a change to those only: its copy of
 # this list (charts/sluice/files/gateway-reloadable-fields.yaml) is checked against this one by tests/chart.
-RELOADABLE_FIELDS = frozenset({"tenants", "admin_keys", "access_log", "max_body_bytes", "default_max_tokens", "shutdown"})
+RELOADABLE_FIELDS = frozenset({"tenants", "admin_keys", "access_log", "max_body_bytes", "default_max_tokens", "shutdown",
+                               "priority"})
 START_ONLY_FIELDS = tuple(name for name in GatewayConfig.model_fields if name not in RELOADABLE_FIELDS)
 
 

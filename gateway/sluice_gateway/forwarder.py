@@ -7,7 +7,8 @@ the whole generation again.
 
 Upstreams get the runtime credential, never the client's key. A runtime that refuses it (401) gets the same
 request once more with the credential's other value, if it has one (upstream_credential.py: a rotation seen by
-one side and not yet by the other).
+one side and not yet by the other). They also get the tenant's priority, name and share in the headers of
+sluice_contracts.request_priority, from gateway.yaml, whatever the client sent.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterator
 from itertools import islice
 
-from sluice_contracts import runtime_credential
+from sluice_contracts import request_priority, runtime_credential
 
 from .config import Timeouts
 from .connection_pool import ConnectionPool, UpstreamError, UpstreamResponse
@@ -103,7 +104,14 @@ class Forwarder:
         self, ctx: RequestContext, attempt: Attempt, body: bytes, credential: str | None, deadline: float,
     ) -> UpstreamResponse | None:
         """The response once its headers are in; None if the endpoint could not be reached or answered garbage."""
-        headers = {"content-type": "application/json", "x-request-id": ctx.request_id.decode(errors="replace")}
+        rank = ctx.principal.rank
+        # Built here, never copied from the client: a client's own priority headers do not reach the runtime.
+        headers = {
+            "content-type": "application/json", "x-request-id": ctx.request_id.decode(errors="replace"),
+            request_priority.PRIORITY_HEADER: str(rank.number),
+            request_priority.TENANT_HEADER: request_priority.tenant_value(ctx.principal.tenant),
+            request_priority.SHARE_HEADER: request_priority.share_value(rank.share),
+        }
         if credential is not None:
             headers[runtime_credential.HEADER] = credential
         loop = asyncio.get_running_loop()

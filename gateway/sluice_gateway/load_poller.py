@@ -49,6 +49,7 @@ class LoadPoller:
         for url in self._labelled - current:
             self._metrics.forget_endpoint(url)
         self._labelled = current
+        self._picker.loads_polled()
 
     async def _poll(self, pool: ConnectionPool, endpoint: EndpointState) -> None:
         try:

@@ -51,6 +51,14 @@ class GatewayMetrics:
             "sluice_gateway_client_disconnects", "Requests whose client left before the response ended.", registry=r
         )
         self.in_flight = Gauge("sluice_gateway_requests_in_flight", "Requests being proxied now.", registry=r)
+        self.priority_held = Gauge(
+            "sluice_gateway_priority_held", "Requests of a less urgent class waiting for a replica with room.",
+            ["priority_class"], registry=r,
+        )
+        self.priority_shed = Counter(
+            "sluice_gateway_priority_shed", "Requests of a less urgent class answered 503 by the hold (full, or "
+            "no replica with room in time).", ["priority_class"], registry=r,
+        )
         self._declare_demand(r)
         self._declare_state(r)
 

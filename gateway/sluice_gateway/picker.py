@@ -5,11 +5,14 @@ chosen by load (last polled `/load` plus this replica's own in-flight count), by
 bounded load over a prompt-prefix hash (prefix affinity: the same prefix lands where its KV blocks are
 cached, unless that endpoint is overloaded), or by a session hash (session affinity). A LoRA adapter's request
 goes among the endpoints that have the adapter resident (polled `/load`) and room for it (nothing queued),
-when there are such, else to the least loaded endpoint, which swaps the adapter in. Nothing is kept per
-prefix or per session: state is per endpoint and per backend, both bounded by the routing table.
+when there are such, else to the least loaded endpoint, which swaps the adapter in. A request more urgent
+than the default priority class goes among the endpoints with nothing queued (idle or with room), when there
+are such. Nothing is kept per prefix or per session: state is per endpoint and per backend, both bounded by
+the routing table.
 """
 from __future__ import annotations
 
+import asyncio
 import bisect
 import hashlib
 import math
@@ -51,6 +54,11 @@ class EndpointState:
     def available(self, now: float) -> bool:
         return self.healthy and self.ejected_until <= now
 
+    @property
+    def saturated(self) -> bool:
+        """The engine queues requests: every slot of its batch (or its KV cache) is taken."""
+        return self.waiting > 0
+
     def score(self) -> float:
         # Queued requests cost the most (they wait for a slot); a nearly full KV cache means preemptions soon.
         return 2 * self.waiting + self.running + self.in_flight + 4 * self.kv_cache_usage
@@ -89,6 +97,7 @@ class Picker:
         self._settings = settings
         self._endpoints: dict[str, EndpointState] = {}
         self._rings: dict[tuple[str, ...], _Ring] = {}
+        self._polled = asyncio.Event()
 
     # -- table and health bookkeeping -------------------------------------------------------------------
     def sync(self, table: RoutingTable) -> None:
@@ -112,6 +121,28 @@ class Picker:
     def state(self, url: str) -> EndpointState | None:
         return self._endpoints.get(url)
 
+    def loads_polled(self) -> None:
+        """Every endpoint's load was just polled: wake the requests waiting for a change (next_poll)."""
+        self._polled.set()
+        self._polled = asyncio.Event()
+
+    async def next_poll(self, timeout_s: float) -> None:
+        """Until the next round of load polls, or `timeout_s`."""
+        try:
+            await asyncio.wait_for(self._polled.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def saturated(
+        self, table: RoutingTable, route_name: str, allowed: Callable[[str], bool], task: Task | None = None,
+    ) -> bool:
+        """Whether the route has endpoints and none has room: each is saturated, failing its load polls or ejected.
+        (A route without endpoints is not saturated: its requests are answered as for a model with no replica.)"""
+        now = time.monotonic()
+        states = [s for _, route in reachable(table, route_name, allowed, task) for b in route.backends if b.weight > 0
+                  for url in b.endpoints if (s := self._endpoints.get(url)) is not None]
+        return bool(states) and not any(s.available(now) and not s.saturated for s in states)
+
     def report_success(self, endpoint: EndpointState) -> None:
         endpoint.failures = 0
 
@@ -125,16 +156,17 @@ class Picker:
     # -- choosing -----------------------------------------------------------------------------------------
     def plan(
         self, table: RoutingTable, route_name: str, *, prefix: bytes | None, session: str | None,
-        allowed: Callable[[str], bool] = lambda name: True, task: Task | None = None,
+        allowed: Callable[[str], bool] = lambda name: True, task: Task | None = None, prefer_idle: bool = False,
     ) -> Iterator[Attempt]:
         """Endpoints to try, best first: the weighted backend, the route's other backends, then the fallbacks
-        the tenant is `allowed` to use; only backends that serve `task`.
+        the tenant is `allowed` to use; only backends that serve `task`; with `prefer_idle`, endpoints with
+        nothing queued first.
 
         Lazy, so each retry sees the health reported by the attempt before it.
         """
         for name, route in reachable(table, route_name, allowed, task):
             for backend in self._backend_order(route, session):
-                for endpoint in self._endpoint_order(backend, route, prefix, session):
+                for endpoint in self._endpoint_order(backend, route, prefix, session, prefer_idle):
                     yield Attempt(name, backend, endpoint)
 
     def _backend_order(self, route: Route, session: str | None) -> list[Backend]:
@@ -163,7 +195,7 @@ class Picker:
         return False
 
     def _endpoint_order(
-        self, backend: Backend, route: Route, prefix: bytes | None, session: str | None
+        self, backend: Backend, route: Route, prefix: bytes | None, session: str | None, prefer_idle: bool,
     ) -> Iterator[EndpointState]:
         tried: set[str] = set()
         while True:
@@ -182,6 +214,8 @@ class Picker:
                     yield chosen
                     continue
                 candidates = warm
+            if prefer_idle:
+                candidates = [s for s in candidates if not s.saturated] or candidates
             if route.affinity == "prefix" and prefix:
                 chosen = self._by_ring(backend, candidates, stable_hash(prefix), bounded=True)
             elif route.affinity == "session" and session:

@@ -131,3 +131,35 @@ def test_state_is_bounded_by_the_table_not_by_traffic():
     picker.sync(shrunk)
     assert sorted(s.url for s in picker.endpoints()) == EPS[:2]
     assert picker.state(EPS[0]).waiting == 7, "a kept endpoint lost its state on reload"
+
+
+def test_urgent_requests_prefer_replicas_with_nothing_queued_over_their_cached_prefix():
+    picker, table = make({"r": {"affinity": "prefix", "backends": [be("b", *EPS)]}})
+    for url in EPS:
+        picker.state(url).waiting = 3
+    idle = EPS[2]
+    picker.state(idle).waiting = 0
+    prefixes = [f"prompt {i}".encode() for i in range(50)]
+    homes = {next(picker.plan(table, "r", prefix=p, session=None)).endpoint.url for p in prefixes}
+    assert len(homes) > 1, "prefix affinity spreads prompts over every replica"
+    urgent = {next(picker.plan(table, "r", prefix=p, session=None, prefer_idle=True)).endpoint.url for p in prefixes}
+    assert urgent == {idle}
+    picker.state(idle).waiting = 1  # none idle: affinity decides again
+    assert {next(picker.plan(table, "r", prefix=p, session=None, prefer_idle=True)).endpoint.url
+            for p in prefixes} == homes
+
+
+def test_a_route_is_saturated_only_while_every_replica_queues_or_fails():
+    picker, table = make({"r": {"backends": [be("b", EPS[0], EPS[1])], "fallbacks": ["f"]},
+                          "f": {"backends": [be("fb", EPS[2])]},
+                          "empty": {"backends": [be("none")]}})
+    anyone = lambda name: True  # noqa: E731
+    for url in EPS[:3]:
+        picker.state(url).waiting = 2
+    assert picker.saturated(table, "r", anyone)
+    picker.state(EPS[2]).waiting = 0
+    assert not picker.saturated(table, "r", anyone), "a fallback with room takes the request"
+    assert picker.saturated(table, "r", lambda name: name == "r"), "a fallback the tenant may not use does not"
+    picker.state(EPS[2]).healthy = False
+    assert picker.saturated(table, "r", anyone), "a replica failing its load polls has no room"
+    assert not picker.saturated(table, "empty", anyone), "no replica at all is not saturation"

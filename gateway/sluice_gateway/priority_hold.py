@@ -1,0 +1,56 @@
+"""The short, bounded wait of requests less urgent than the default priority class while every replica that could
+serve them is saturated (its engine queues requests).
+
+Such a request waits for a load poll that shows a replica with nothing queued, at most `priority.hold_s`; with
+`priority.max_held` already waiting, or past the wait, it gets 503 with Retry-After and is not forwarded, so the
+replicas' queues stay for the more urgent classes. A held request whose client leaves is dropped like any other
+(app.py cancels it). Requests of the default class or more urgent ones never wait here.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+
+from .auth import Rank
+from .config import Priority
+from .errors import GatewayError
+from .metrics import GatewayMetrics
+from .picker import Picker
+
+
+class PriorityHold:
+    def __init__(self, picker: Picker, metrics: GatewayMetrics) -> None:
+        self._picker = picker
+        self._metrics = metrics
+        self._held = 0
+
+    async def wait(self, rank: Rank, settings: Priority, saturated: Callable[[], bool]) -> None:
+        """Returns once the request may be forwarded; raises the 503 it gets otherwise."""
+        if rank.urgency <= 0 or not saturated():
+            return
+        if self._held >= settings.max_held or settings.hold_s == 0:
+            self._shed(rank, settings, "could not wait: the hold is full" if settings.hold_s else "is not held")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.hold_s
+        held = self._metrics.priority_held.labels(rank.priority_class)
+        self._held += 1
+        held.inc()
+        try:
+            while saturated():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self._shed(rank, settings, f"did not get one within {settings.hold_s:g} s")
+                await self._picker.next_poll(remaining)
+        finally:
+            self._held -= 1
+            held.dec()
+
+    def _shed(self, rank: Rank, settings: Priority, what: str) -> None:
+        self._metrics.priority_shed.labels(rank.priority_class).inc()
+        retry_after = max(1, math.ceil(settings.hold_s))
+        raise GatewayError(
+            503, f"every replica of this model is saturated and this request of the priority class "
+                 f"{rank.priority_class!r} {what}; retry later",
+            code="saturated", headers=[(b"retry-after", str(retry_after).encode())],
+        )
