@@ -247,7 +247,11 @@ def test_routing_table_lists_ready_pods_and_routes(samples):
     assert chat["affinity"] == "prefix" and chat["backends"][0]["name"] == "smollm2"
     assert list(chat["backends"][0]["endpoints"]) == ips
     assert table["routes"]["smollm2"]["backends"][0]["servedModelName"] == "smollm2"
+    assert table["routes"]["smollm2"]["backends"][0]["engine"] == "sluice"
     wait_for(lambda: api.condition("mr", "chat", "Ready").get("status") == "True", what="route Ready")
+    # `kubectl get mr` shows the backends with their weights, without -o yaml.
+    header, row = api.run("get", "mr", "chat").stdout.splitlines()
+    assert header.split()[:3] == ["NAME", "MODEL", "BACKENDS"] and row.split()[:3] == ["chat", "chat", "smollm2=100"]
 
 
 def test_routing_table_follows_ready_pods(samples):
