@@ -5,7 +5,11 @@ each (ignore_eos), SmolLM2 in --dtype (auto: what the engine picks on this machi
 Sluice's engine at concurrency 1, 8, 32, 64 (a client keeps that many requests in flight);
 transformers `generate` one request at a time; transformers' continuous batching
 (`generate_batch`). Sequential rows run a prefix of the requests to stay bounded; tokens/s is
-comparable across rows. Writes bench/results/engine.json and engine.png.
+comparable across rows. --target-itl-ms auto off runs Sluice's rows once per step budget,
+alternating, each on fresh tokens of the same lengths (no prefix-cache hits between rows);
+--stream marks the requests streamed (read as they come), which the budget protects; unstreamed,
+a burst like this one is read whole and the budget leaves it alone. Writes
+bench/results/engine.json and engine.png.
 
 --mix short-under-long: 28 short chats (50-200 prompt tokens) and 4 long prompts (2,000 tokens),
 64 output tokens each, all sent at once (the long ones first), with the step-time budget on
@@ -55,17 +59,25 @@ def matmul_gflops(dtype=torch.float32, size=1024, seconds=2.0) -> float:
     return 2 * size**3 * n / (time.perf_counter() - start) / 1e9
 
 
-def run_engine(engine: LLMEngine, prompts, output_len: int, concurrency: int) -> dict:
+def fresh_tokens(prompts: list[list[int]], vocab: int, tag: str) -> list[list[int]]:
+    """Prompts of the same lengths with new tokens: a row repeated gets no prefix-cache hits."""
+    rng = random.Random(tag)
+    return [[rng.randrange(100, vocab) for _ in prompt] for prompt in prompts]
+
+
+def run_engine(engine: LLMEngine, prompts, output_len: int, concurrency: int, streamed: bool = False) -> dict:
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0)
     pending = list(enumerate(prompts))
     submitted: dict[str, float] = {}
     ttfts, itls, tokens = [], [], 0
+    load_before = os.getloadavg()[0]
     start = time.perf_counter()
     while pending or engine.has_unfinished_requests():
         while pending and len(submitted) < concurrency:
             i, prompt = pending.pop(0)
-            engine.add_request(f"bench-{concurrency}-{i}", prompt, params)
-            submitted[f"bench-{concurrency}-{i}"] = time.time()
+            request_id = f"bench-{engine.steps}-{concurrency}-{i}"
+            engine.add_request(request_id, prompt, params, streamed=streamed)
+            submitted[request_id] = time.time()
         for out in engine.step():
             if out.finished:
                 m = out.metrics
@@ -77,7 +89,7 @@ def run_engine(engine: LLMEngine, prompts, output_len: int, concurrency: int) ->
     elapsed = time.perf_counter() - start
     return {"requests": len(prompts), "output_tokens": tokens, "seconds": elapsed,
             "output_tok_s": tokens / elapsed, "mean_ttft_s": sum(ttfts) / len(ttfts),
-            "mean_itl_s": sum(itls) / len(itls)}
+            "mean_itl_s": sum(itls) / len(itls), "load_average": (load_before, os.getloadavg()[0])}
 
 
 def run_hf_sequential(model, prompts, output_len: int) -> dict:
@@ -137,6 +149,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--dtype", default="auto", help="weights and KV cache, for every row alike (auto: the engine's "
                                                         "choice on this machine)")
+    parser.add_argument("--target-itl-ms", nargs="+", default=["auto"],
+                        help="step budget(s) of Sluice's rows (auto, off or milliseconds); several run alternating")
+    parser.add_argument("--stream", action="store_true",
+                        help="throughput mix: requests are streamed, so the step budget protects their decodes")
+    parser.add_argument("--rounds", type=int, default=1, help="throughput mix: repeats of Sluice's rows")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
@@ -153,8 +170,10 @@ def main() -> None:
 
 
 def throughput(args: argparse.Namespace) -> None:
-    engine = LLMEngine(EngineConfig(model="smollm2", dtype=args.dtype, max_num_seqs=64,
-                                    max_num_batched_tokens=1024, kv_cache_memory=2 << 30))
+    engines = {budget: LLMEngine(EngineConfig(model="smollm2", dtype=args.dtype, max_num_seqs=64, target_itl_ms=budget,
+                                              max_num_batched_tokens=1024, kv_cache_memory=2 << 30))
+               for budget in args.target_itl_ms}
+    engine = next(iter(engines.values()))
     dtype = engine.runner.dtype
     prompts = make_prompts(args.requests, args.min_prompt, args.max_prompt, engine.runner.cfg.vocab_size, args.seed)
     params_total = engine.runner.num_parameters
@@ -168,12 +187,19 @@ def throughput(args: argparse.Namespace) -> None:
     decode_only_limit = gflops * 1e9 / (2 * params_total)
 
     rows: dict[str, dict] = {}
-    run_engine(engine, prompts[:2], 8, 2)  # warm-up
-    for c in args.concurrency:
-        subset = prompts[: args.sequential_requests] if c == 1 else prompts
-        rows[f"sluice c={c}"] = run_engine(engine, subset, args.output_len, c)
-        print(f"sluice c={c}: {rows[f'sluice c={c}']['output_tok_s']:.1f} tok/s", flush=True)
-    del engine
+    vocab = engine.runner.cfg.vocab_size
+    for budget, each in engines.items():  # warm-up, and the step budget's first step times
+        run_engine(each, fresh_tokens(prompts[:4], vocab, f"warm-{budget}"), 8, 4, args.stream)
+    for round_ in range(args.rounds):
+        for c in args.concurrency:
+            subset = prompts[: args.sequential_requests] if c == 1 else prompts
+            for budget, each in engines.items():
+                name = f"sluice c={c}" + (f", budget {budget}" if len(engines) > 1 else "") + (
+                    f" #{round_ + 1}" if args.rounds > 1 else "")
+                tokens = fresh_tokens(subset, vocab, name) if len(engines) > 1 or args.rounds > 1 else subset
+                rows[name] = run_engine(each, tokens, args.output_len, c, args.stream)
+                print(f"{name}: {rows[name]['output_tok_s']:.1f} tok/s, load {rows[name]['load_average']}", flush=True)
+    del engine, engines
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
 
@@ -207,7 +233,8 @@ def throughput(args: argparse.Namespace) -> None:
               f"{tps / roofline_tok_s:>9.1%}")
     RESULTS.mkdir(exist_ok=True)
     summary = {"matmul_gflops": gflops, "roofline_output_tok_s": roofline_tok_s, "dtype": str(dtype)[6:],
-               "parameters": params_total, "rows": rows, "torch_threads": torch.get_num_threads()}
+               "parameters": params_total, "rows": rows, "torch_threads": torch.get_num_threads(),
+               "streamed": args.stream, "target_itl_ms": args.target_itl_ms}
     (RESULTS / "engine.json").write_text(json.dumps(summary, indent=2))
     _plot(rows, roofline_tok_s)
 
@@ -230,7 +257,7 @@ def run_at_once(engine: LLMEngine, prompts: dict[str, list[int]], output_len: in
     load_before, steps_before = os.getloadavg()[0], engine.steps
     start = time.perf_counter()
     for request_id, prompt in prompts.items():
-        engine.add_request(request_id, prompt, params)
+        engine.add_request(request_id, prompt, params, streamed=True)  # chats, read as they come
     arrivals: dict[str, list[float]] = {request_id: [] for request_id in prompts}
     first_token_step: dict[str, int] = {}
     decode_steps = []

@@ -199,9 +199,10 @@ class Engine:
         self.first_token_step: dict[str, int] = {}
         self.steps = 0
 
-    def add(self, name: str, prompt_len: int, max_tokens: int = 64, priority: int = 0) -> None:
+    def add(self, name: str, prompt_len: int, max_tokens: int = 64, priority: int = 0, streamed: bool = True,
+            n: int = 1) -> None:
         group = SequenceGroup(name, [100 + (hash(name) + i) % 30000 for i in range(prompt_len)],
-                              SamplingParams(max_tokens=max_tokens), priority)
+                              SamplingParams(max_tokens=max_tokens, n=n), priority, streamed=streamed)
         self.groups[name] = group
         self.scheduler.add(group)
 
@@ -252,6 +253,80 @@ def test_with_the_budget_off_each_step_fills_the_token_budget():
     engine.add("long", 2000)
     plan = engine.step()
     assert len(plan.decodes) == 28 and engine.chunk_of(plan, "long") == 1024 - 28
+
+
+def burst(engine: Engine, streamed: set[int] = frozenset(), n: int = 32) -> None:
+    """The throughput mix's shape: prompts of 32-512 tokens all at once, 64 tokens out each."""
+    for i in range(n):
+        engine.add(f"r{i}", 32 + (i * 149) % 481, streamed=i in streamed)
+
+
+def run(engine: Engine) -> list[list[tuple[str, int]]]:
+    plans = []
+    while engine.scheduler.has_work():
+        plan = engine.step()
+        plans.append([(s.seq.group.request_id, s.num_tokens) for s in plan.scheduled])
+    return plans
+
+
+def test_a_burst_read_whole_fills_every_step_as_with_the_budget_off():
+    on, off = Engine(target=AUTO), Engine(target=OFF)
+    burst(on, streamed=set())
+    burst(off, streamed=set())
+    plans = run(on)
+    assert plans == run(off)
+    assert on.clock.now == off.clock.now
+    prefilling = [plan for plan in plans if any(n > 1 for _, n in plan)]
+    assert all(sum(n for _, n in plan) == 1024 for plan in prefilling[:-1]), "every step but the last is full"
+
+
+def test_one_streamed_request_in_the_burst_brings_the_budget_back():
+    engine = Engine(target=AUTO)
+    burst(engine, streamed={31})  # the longest prompt: admitted last, budgeted while the others decode
+    off = Engine(target=OFF)
+    burst(off, streamed={31})
+    run(off)
+    while "r31" not in engine.first_token_step:
+        plan = engine.step()
+        if any(s.seq.group.streamed for s in plan.decodes):
+            assert engine.clock.now - engine.scheduler._step_started <= 2 * engine.last_decode_step * 1.001
+    run(engine)
+    assert engine.clock.now > off.clock.now
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_prompt_that_comes_after_a_decoding_request_is_budgeted_even_if_nobody_streams(streamed):
+    engine = Engine(target=AUTO)
+    for i in range(8):
+        engine.add(f"early{i}", 100, max_tokens=10_000, streamed=False)
+    while len(engine.first_token_step) < 8:
+        engine.step()
+    engine.add("late", 2000, streamed=streamed)
+    for _ in range(5):
+        plan = engine.step()
+        assert len(plan.decodes) == 8 and 0 < engine.chunk_of(plan, "late") < 1024 - 8
+        assert engine.clock.now - engine.scheduler._step_started <= 2 * engine.last_decode_step * 1.001
+
+
+def test_preempted_or_forked_sequences_keep_their_requests_arrival():
+    # A request read whole that arrived first: its forks and its recomputation after a preemption
+    # still count as there before the late prompt, so the late prompt stays budgeted.
+    engine = Engine(target=AUTO, num_blocks=120)
+    engine.add("early", 300, max_tokens=10_000, streamed=False, n=3)
+    while "early" not in engine.first_token_step:
+        engine.step()
+    engine.add("late", 1200, streamed=False)
+    steps = 0
+    while engine.scheduler.num_preemptions == 0 and steps < 200:
+        plan = engine.step()
+        steps += 1
+        if plan.decodes and engine.chunk_of(plan, "late"):
+            assert engine.chunk_of(plan, "late") < 1024 - len(plan.decodes)
+    assert engine.scheduler.num_preemptions, "the KV cache should have run out"
+    for _ in range(20):
+        plan = engine.step()
+        if plan.decodes and engine.chunk_of(plan, "late"):
+            assert engine.chunk_of(plan, "late") < 1024 - len(plan.decodes)
 
 
 def test_short_prompts_go_before_a_long_one_that_arrived_first():

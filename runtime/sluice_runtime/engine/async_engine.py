@@ -44,7 +44,8 @@ class AsyncEngine:
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str, *,
                        priority: int = 0, deadline: float | None = None, tenant: str = "",
-                       share: float = 1.0, lora: str | None = None) -> AsyncIterator[RequestOutput]:
+                       share: float = 1.0, lora: str | None = None,
+                       streamed: bool = True) -> AsyncIterator[RequestOutput]:
         if not self.is_running:
             raise EngineDead(f"the engine loop is not running: {self.error!r}")
         if request_id in self._streams:
@@ -53,7 +54,8 @@ class AsyncEngine:
         mailbox = OutputMailbox()
         self._streams[request_id] = (asyncio.get_running_loop(), mailbox)
         try:
-            self.engine.add_request(request_id, prompt_token_ids, params, priority, deadline, tenant, share, lora)
+            self.engine.add_request(request_id, prompt_token_ids, params, priority, deadline, tenant, share, lora,
+                                    streamed)
         except BaseException:
             self._streams.pop(request_id, None)
             raise

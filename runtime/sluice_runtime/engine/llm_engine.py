@@ -147,9 +147,10 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, deadline: float | None = None, tenant: str = "", share: float = 1.0,
-                    lora: str | None = None) -> None:
+                    lora: str | None = None, streamed: bool = True) -> None:
         """Thread-safe: the request joins the scheduler at the start of the next step. `lora` names the
-        adapter it runs with (None: the base model)."""
+        adapter it runs with (None: the base model). `streamed`: its client reads tokens as they come, so
+        the step budget keeps its decodes steady."""
         self.check_admission(prompt_token_ids, params)
         with self._lock:
             if request_id in self.groups:
@@ -157,7 +158,7 @@ class LLMEngine:
             ref = self.loras.get(lora) if lora is not None else None
             self._make_queue_room(priority)
             group = SequenceGroup(request_id, list(prompt_token_ids), params, priority, deadline, tenant, share,
-                                  lora=ref)
+                                  lora=ref, streamed=streamed)
             if ref is not None:
                 self.loras.acquire(ref)
             self.groups[request_id] = group

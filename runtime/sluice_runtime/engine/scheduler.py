@@ -7,13 +7,16 @@ alike, shortest first within a priority, so a short chat is answered between a l
 chunks. Age is counted in prefill work: a prompt that has seen PREFILL_AGE_LIMIT tokens of other
 prompts prefilled since it arrived goes ahead of shorter ones, so long prompts never starve. Within a
 priority, tenants take turns in proportion to their shares (fair_share), each tenant's prompts in the
-order above. When the KV cache runs out, the least important running sequence (least urgent, then
-most recent) is preempted and later recomputed from its tokens; so is one when a more urgent prompt
-waits for a place in a full batch.
+order above. The time budget holds only where someone waits on the decodes it protects: a streamed
+request, or a request that was there before the prompt. An offline batch or a burst of requests
+read whole fills every step's token budget, which finishes them all soonest. When the KV cache runs
+out, the least important running sequence (least urgent, then most recent) is preempted and later
+recomputed from its tokens; so is one when a more urgent prompt waits for a place in a full batch.
 """
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -156,6 +159,7 @@ class Scheduler:
 
         allowance = self.step_budget.allowance(len(out.decodes), sum(s.attention_pairs for s in out.decodes))
         loras = self.running_loras()
+        protected_since = self._protected_since(out.decodes)
         for seq in self._prefill_order():
             if allowance.tokens < 1 or len(scheduled) >= self.max_num_seqs:
                 break
@@ -163,7 +167,8 @@ class Scheduler:
             lora_id = seq.group.lora_id
             if lora_id and lora_id not in loras and len(loras) >= self.max_loras:
                 continue  # its adapter waits for a slot; other prompts may still run
-            chunk = self._allocate_chunk(seq, allowance)
+            timed = self._arrived_at.get(seq, self.prefill_work) > protected_since
+            chunk = self._allocate_chunk(seq, allowance, timed)
             if chunk == 0 and waiting:
                 break  # the first waiting prompt that does not fit holds back those after it
             if chunk:
@@ -181,6 +186,15 @@ class Scheduler:
     def running_loras(self) -> set[int]:
         return {s.group.lora_id for s in self.running if s.group.lora_id}
 
+    def _protected_since(self, decodes: list[ScheduledSeq]) -> float:
+        """The arrival (on the prefill-work clock) after which a prompt's chunks must fit the step
+        budget: any, if a decode is streamed; else those that came after the earliest decoding
+        request (requests that arrived together, with no prefill between them, only wait for the
+        batch to finish); none without decodes."""
+        if any(item.seq.group.streamed for item in decodes):
+            return -math.inf
+        return min((self._arrived_at.get(item.seq, self.prefill_work) for item in decodes), default=math.inf)
+
     def _prefill_order(self) -> list[Sequence]:
         """Started and waiting prompts: by priority, then those past the age limit in arrival order,
         then the fewest tokens left first."""
@@ -194,13 +208,14 @@ class Scheduler:
         ordered = sorted([s for s in self.running if s.is_prefilling] + self.waiting, key=key)
         return self.fair.interleave(ordered, _fairness)
 
-    def _allocate_chunk(self, seq: Sequence, allowance: Allowance) -> int:
-        """Blocks for the next chunk of `seq`'s prompt, what the allowance leaves, admitting it if it
-        waits; returns the chunk's tokens, 0 when the step or the KV cache cannot hold any now."""
+    def _allocate_chunk(self, seq: Sequence, allowance: Allowance, timed: bool) -> int:
+        """Blocks for the next chunk of `seq`'s prompt, what the allowance leaves (its time too when
+        `timed`), admitting it if it waits; returns the chunk's tokens, 0 when the step or the KV
+        cache cannot hold any now."""
         waiting = seq.status is SequenceStatus.WAITING
         if waiting:
             self.blocks.allocate_prompt_start(seq)
-        chunk = min(allowance.chunk(seq.num_computed_tokens, seq.num_uncomputed),
+        chunk = min(allowance.chunk(seq.num_computed_tokens, seq.num_uncomputed, timed),
                     self.blocks.allocatable_tokens(seq, reserve=self.watermark if waiting else 0))
         if chunk <= 0:
             if waiting:
@@ -270,5 +285,6 @@ class Scheduler:
         for child in parent.group.seqs[1:]:
             if child.status is SequenceStatus.FORK_PENDING:
                 self.blocks.fork(parent, child)
+                self._arrived_at[child] = self._arrived_at.get(parent, self.prefill_work)
                 child.status = SequenceStatus.RUNNING
                 self.running.append(child)

@@ -79,6 +79,8 @@ class SequenceGroup:
     # Who sent it (the gateway's tenant; "" for direct callers) and its weight among tenants of its priority.
     tenant: str = ""
     share: float = 1.0
+    # Whether its client reads tokens as they come (an SSE stream): the step budget protects those.
+    streamed: bool = True
     arrival_order: int = field(default_factory=lambda: next(_arrival_counter))
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.time()))
     seqs: list[Sequence] = field(default_factory=list)

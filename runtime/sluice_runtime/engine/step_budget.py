@@ -12,7 +12,9 @@ take what keeps the step within the target inter-token latency:
 - a number of milliseconds: that target, whatever the batch;
 - off: only the token budget (--max-num-batched-tokens), which always caps the chunks.
 
-With no decode running there is nothing to protect and the chunks share the whole token budget.
+With no decode running there is nothing to protect and the chunks share the whole token budget;
+the scheduler also exempts prompts that no decode's client waits on (scheduler: no streamed
+request decoding, and the prompt arrived with the decoding requests).
 A step's first chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a
 target that the decodes alone already exceed, and later ones are not cut smaller either (unless
 that finishes their prompt). The price is throughput where a step's fixed cost is
@@ -114,10 +116,11 @@ class Allowance:
     per_pair: float = 0.0
     first: bool = True
 
-    def chunk(self, context: int, wanted: int) -> int:
-        """Tokens, at most `wanted`, of a prompt with `context` tokens computed that fit."""
+    def chunk(self, context: int, wanted: int, timed: bool = True) -> int:
+        """Tokens, at most `wanted`, of a prompt with `context` tokens computed that fit (in the
+        token budget only, unless `timed`)."""
         limit = min(wanted, self.tokens)
-        if self.seconds is None:
+        if self.seconds is None or not timed:
             return max(0, limit)
         # per_pair * n^2 + (per_token + per_pair * context) * n <= seconds, for the largest n.
         linear = self.per_token + self.per_pair * context

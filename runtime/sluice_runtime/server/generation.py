@@ -163,7 +163,8 @@ class GenerationRunner:
                        deadline):
         with self._lifecycle.track(request_id):
             outputs = self._engine.generate(prompt, params, request_id, priority=greq.priority, deadline=deadline,
-                                            tenant=greq.tenant, share=greq.share, lora=greq.lora)
+                                            tenant=greq.tenant, share=greq.share, lora=greq.lora,
+                                            streamed=greq.stream)
             try:
                 async for out in outputs:
                     yield out
