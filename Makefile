@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 EXTRAS ?= engine,gateway,operator,demo,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install run test test-unit e2e crds chart-check images images-check bench-engine bench-serve bench-gateway cluster-build cluster-up cluster-down clean
+.PHONY: install run test test-unit e2e crds chart-check images images-check bench-engine bench-embed bench-serve bench-gateway cluster-build cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ e2e: install
 
 bench-engine: install
 	$(PY) bench/engine_bench.py
+
+bench-embed: install
+	$(PY) bench/embedding_bench.py
 
 # A fresh runtime on a free port at concurrency 32, against the offline engine in the same run.
 bench-serve: install
