@@ -10,7 +10,7 @@ from sluice_operator.crd import InferenceModelSpec
 
 OWNER = Owner(name="base", namespace="demo", uid="0b7e4c1e-1111-2222-3333-444455556666")
 SQL = {"name": "sql-v1", "source": "pvc://adapters/sql/v1", "rank": 8}
-TONE = {"name": "tone", "source": "file:///opt/adapters/tone"}
+TONE = {"name": "tone", "source": "file:///opt/.adapters/tone"}
 
 
 def _spec(adapters=None, **fields):
@@ -39,7 +39,7 @@ def test_adapters_start_with_the_pod_and_claims_are_mounted_read_only_once():
     args = _args(deployment)
     assert args[args.index("--enable-lora"):args.index("--enable-lora") + 5] == [
         "--enable-lora", "--max-loras", "3", "--max-lora-rank", "8"]
-    assert _loras(deployment) == ["sql-v1=/adapters/adapters/sql/v1", "tone=/opt/adapters/tone",
+    assert _loras(deployment) == ["sql-v1=/adapters/adapters/sql/v1", "tone=/opt/.adapters/tone",
                                   "sql-v2=/adapters/adapters/sql/v2"]
     pod = deployment["spec"]["template"]["spec"]
     claims = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
@@ -59,13 +59,13 @@ def test_no_adapter_list_no_lora_and_an_empty_one_turns_it_on():
     [SQL, TONE, {"name": "sql-v2", "source": "pvc://adapters/sql/v2"}],  # one more, on a claim already mounted
     [TONE],  # one less, its claim's last adapter
     [],  # none left
-    [{**SQL, "rank": 4}, {**TONE, "source": "file:///opt/adapters/tone-2"}],  # same names, other rank and path
+    [{**SQL, "rank": 4}, {**TONE, "source": "file:///opt/.adapters/tone-2"}],  # same names, other rank and path
 ])
 def test_an_edit_of_the_adapter_list_alone_leaves_the_pod_template_as_it_is(edit):
     running = _deployment(_spec([SQL, TONE]))
     edited = _deployment(_spec(edit), running)
     assert edited["spec"]["template"] == running["spec"]["template"]
-    assert _loras(edited) == ["sql-v1=/adapters/adapters/sql/v1", "tone=/opt/adapters/tone"]
+    assert _loras(edited) == ["sql-v1=/adapters/adapters/sql/v1", "tone=/opt/.adapters/tone"]
     # Edited again on top of the edit: still the template the pods run.
     assert _deployment(_spec([TONE]), edited)["spec"]["template"] == running["spec"]["template"]
 
@@ -74,7 +74,7 @@ def test_any_other_change_rolls_out_a_template_that_starts_with_the_spec_list():
     running = _deployment(_spec([SQL, TONE]))
     edited = _deployment(_spec([TONE], runtime={"maxNumSeqs": 8}), running)
     assert edited["spec"]["template"] != running["spec"]["template"]
-    assert _loras(edited) == ["tone=/opt/adapters/tone"]
+    assert _loras(edited) == ["tone=/opt/.adapters/tone"]
     assert not [v for v in edited["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v]
     # An adapter on a claim no pod mounts yet needs the volume: a rollout, with the spec's list.
     on_new_claim = _deployment(_spec([SQL, {"name": "x", "source": "pvc://other/x"}]), running)
@@ -102,5 +102,5 @@ def test_vllm_pods_get_its_lora_flags_and_may_load_adapters_at_run_time():
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     at = args.index("--lora-modules")
-    assert args[at + 1:at + 3] == ["sql-v1=/adapters/adapters/sql/v1", "tone=/opt/adapters/tone"]
+    assert args[at + 1:at + 3] == ["sql-v1=/adapters/adapters/sql/v1", "tone=/opt/.adapters/tone"]
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in container["env"]

@@ -12,14 +12,15 @@ from .base import SpecModel, StatusModel, cel
 
 # A public model name clients send, and a DNS label: it can name a metric label, a file or a Service alike.
 ADAPTER_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# Path segments never start with '.', so no '..' leads out of the claim (or the directory) named.
-_SEGMENT = r"[A-Za-z0-9_@+-][A-Za-z0-9._@+-]*"
+# No '.' or '..' segment, so no path leads out of the claim (or the directory) it names; '.cache' is fine.
+# Dots as [.]: a backslash would be an escape in the CEL string literal the pattern is quoted in.
+_SEGMENT = r"([A-Za-z0-9_@+-]|[.][A-Za-z0-9_@+-]|[.][.][A-Za-z0-9._@+-])[A-Za-z0-9._@+-]*"
 ADAPTER_PVC_SOURCE = re.compile(rf"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/{_SEGMENT}(/{_SEGMENT})*$")
 ADAPTER_FILE_SOURCE = re.compile(rf"^file:///{_SEGMENT}(/{_SEGMENT})*$")
 
 MSG_ADAPTER_SOURCE = (
     "adapters[].source must be 'pvc://CLAIM/PATH' (a PEFT directory on a PersistentVolumeClaim, mounted read-only) "
-    "or 'file:///PATH' (a PEFT directory in the runtime's own file system), path segments not starting with '.'"
+    "or 'file:///PATH' (a PEFT directory in the runtime's own file system), without '.' or '..' segments"
 )
 MSG_ADAPTER_NAME = "adapters[].name must be a DNS label: at most 63 lowercase letters, digits or '-'"
 MSG_ADAPTER_COUNT = "adapters may list at most runtime.maxLoras adapters"
