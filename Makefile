@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 EXTRAS ?= engine,gateway,operator,demo,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
 
-.PHONY: install run test test-unit e2e crds chart-check images images-check bench-engine bench-embed bench-serve bench-gateway cluster-build cluster-up cluster-down clean
+.PHONY: install run test test-unit e2e crds chart-check images images-check bench-engine bench-embed bench-serve bench-gateway bench-priority cluster-build cluster-up cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ bench-serve: install
 # Installs LiteLLM (pinned) into its own venv under /tmp on first use; never part of `make test`.
 bench-gateway: install
 	$(PY) bench/gateway_bench.py
+
+# Issue 17: a critical tenant's TTFT alone and under a batch flood, priority classes on vs off, same run.
+bench-priority: install
+	$(PY) bench/priority_bench.py
 
 # Local control plane built from source (localcluster/README.md); stdlib only, so no venv is needed.
 cluster-build:

@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+import yaml
 
 from fixtures.gateway import backend, gateway_config, key_entry, runtimes, table
 
@@ -171,3 +172,22 @@ def test_at_saturation_batch_is_shed_with_retry_after_while_critical_is_served(g
     assert gateway.metric("sluice_gateway_priority_shed_total", priority_class="batch") >= 1
     metrics = httpx.get(f"{url}/metrics").text
     assert 'sluice_runtime_requests_shed_total{model_name="tiny",priority="0"}' in metrics
+
+
+def test_a_tenants_class_is_reloaded_without_a_restart(gateway, saturable_runtime):
+    _wait_idle(saturable_runtime.url)
+    config = yaml.safe_load(gateway.config_path.read_text())
+    config["priority"]["classes"] = {"critical": -10, "standard": 0, "batch": 10, "urgent": -20}
+    for tenant in config["tenants"]:
+        if tenant["name"] == "nightly":
+            tenant["priority"] = "urgent"
+    gateway.write_config(config)
+    deadline = time.monotonic() + 30
+    while True:
+        asyncio.run(_chat(gateway, "batch", 2, extra_headers={"x-request-id": "after-reload"}))
+        own_id = gateway.access_lines("after-reload")["after-reload"]["request_id"]
+        line = next(r for r in saturable_runtime.request_log() if r.get("client_request_id") == own_id)
+        if line["priority"] == -20:
+            break
+        assert time.monotonic() < deadline, f"the new class never reached the runtime: {line}"
+        time.sleep(0.5)
