@@ -113,6 +113,15 @@ def _edit_config(**fields):
     return change
 
 
+def _poison(path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    name = sorted(tensors)[-1]
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda p: (p / "adapter_config.json").unlink(), "adapter_config.json is missing"),
     (lambda p: (p / "adapter_model.safetensors").unlink(), "adapter_model.safetensors is missing"),
@@ -130,6 +139,7 @@ def _edit_config(**fields):
     (_edit_config(use_dora=True), "sets use_dora (DoRA), which this runtime does not serve"),
     (_edit_config(modules_to_save=["lm_head"]), "sets modules_to_save"),
     (_edit_config(peft_type="PREFIX_TUNING"), "only LORA adapters are served"),
+    (_poison, "the LoRA weights hold infinities or NaNs"),
     (_edit_config(r=4), "lora_A is (8, 1536) and lora_B (576, 8), which is not rank 4 as adapter_config.json's r"),
 ])
 def test_a_bad_adapter_is_refused_with_what_is_wrong(server, lora_adapters, tmp_path, change, message):

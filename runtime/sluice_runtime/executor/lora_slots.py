@@ -11,7 +11,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from ..layers.lora import LoraBatch, LoraGroup, LoraLinear
+from ..layers.lora import MASKED_MAX_ROW_SLOTS, LoraBatch, LoraGroup, LoraLinear
 from ..models.config import ModelConfig
 from ..models.lora_adapter import LoraAdapter, part_shapes
 from .transfer import to_device
@@ -55,15 +55,19 @@ class LoraSlots:
             if adapter_id:
                 rows.setdefault(adapter_id, []).extend(range(start, start + count))
             start += count
-        groups = []
-        for adapter_id, ids in rows.items():
-            slot = self._place(adapter_id, set(rows))
-            groups.append(LoraGroup(slot, None if len(ids) == num_rows else to_device(ids, torch.long, device)))
-        self.batch.groups = groups
-        return bool(groups)
+        slots = {adapter_id: self._place(adapter_id, set(rows)) for adapter_id in rows}
+        if not slots:
+            self.clear_step()
+        elif num_rows * self.num_slots <= MASKED_MAX_ROW_SLOTS:
+            row_slots = [slots.get(adapter_id, -1) for adapter_id, count in row_adapters for _ in range(count)]
+            self.batch.set([], to_device(row_slots, torch.long, device))
+        else:
+            self.batch.set([LoraGroup(slots[a], None if len(ids) == num_rows else to_device(ids, torch.long, device))
+                            for a, ids in rows.items()], None)
+        return bool(slots)
 
     def clear_step(self) -> None:
-        self.batch.groups = []
+        self.batch.set([], None)
 
     def _place(self, adapter_id: int, needed: set[int]) -> int:
         if adapter_id in self.resident:

@@ -86,6 +86,8 @@ def read_adapter(path: str | Path, cfg: ModelConfig, max_rank: int, dtype: torch
                 f"layer {layer} {module}: lora_A is {tuple(a.shape)} and lora_B {tuple(b.shape)}, but a rank-{rank} "
                 f"adapter of this base model has ({rank}, {in_features}) and ({out_features}, {rank}): the adapter "
                 f"was trained for another base model{_base_of(config)}")
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise AdapterError(f"layer {layer} {module}: the LoRA weights hold infinities or NaNs")
         parts = weights.setdefault((layer, projection), [None] * len(shapes[projection]))
         parts[part] = (a.to(dtype).contiguous(), (b.float() * scaling).to(dtype).contiguous())
     if not weights:
