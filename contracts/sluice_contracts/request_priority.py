@@ -39,11 +39,10 @@ _NUMBER = re.compile(r"^[0-9]{1,6}(\.[0-9]{1,9})?$")
 
 
 class InvalidPriorityHeader(ValueError):
-    """A header of this contract that is not what it must be; `header` names it."""
+    """A header of this contract that is not what it must be; the message names it."""
 
     def __init__(self, header: str, message: str):
         super().__init__(f"the {header} header {message}")
-        self.header = header
 
 
 def tenant_value(name: str) -> str:
