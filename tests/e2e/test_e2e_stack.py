@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -586,6 +588,102 @@ def test_7c_scale_to_zero_and_back_without_losing_a_request(stack, record_proper
     assert late[0], f"a request arriving while the last replica drained was lost: {late[1]}"
     # Either the drain was called off (the replica stays) or the scale to zero had happened (a cold start).
     record_property("drain_cancelled", bool(stack.events("smollm2", "ScaleDownCancelled")))
+
+
+LORA_MODEL = "smollm2-lora"
+
+
+def _adapter(smollm2_dir, root, name: str, seed: int) -> dict:
+    """A random PEFT adapter of the embedded model, built here with peft, read by the pod from this machine's
+    file system (`file://`: the launcher runs the pod as a local process)."""
+    from fixtures.lora import build_lora
+
+    build_lora(smollm2_dir, root / name, seed, rank=8)
+    return {"name": name, "source": f"file://{root / name}", "rank": 8}
+
+
+def _sql_route(v1: int, v2: int) -> str:
+    return yaml.safe_dump({"apiVersion": "sluice.dev/v1alpha1", "kind": "ModelRoute", "metadata": {"name": "sql"},
+                           "spec": {"model": "sql", "affinity": "none", "backends": [
+                               {"inferenceModel": LORA_MODEL, "adapter": "sql-v1", "weight": v1},
+                               {"inferenceModel": LORA_MODEL, "adapter": "sql-v2", "weight": v2}]}})
+
+
+def _served(stack, model: str) -> bool:
+    try:
+        stack.client().chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+        return True
+    except openai.NotFoundError:
+        return False
+
+
+@pytest.fixture
+def adapter_dir():
+    """Outside /tmp: the runtime pod's /tmp is an emptyDir, so the launcher maps paths under it into the pod's own."""
+    root = Path.home() / ".cache" / "sluice" / f"e2e-adapters-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_7d_lora_adapters_served_added_without_a_restart_and_split_by_a_canary(stack, smollm2_dir, adapter_dir,
+                                                                              record_property):
+    root = adapter_dir
+    (model,) = [d for d in _samples(stack) if d["kind"] == "InferenceModel"]
+    model["metadata"]["name"] = LORA_MODEL
+    del model["spec"]["autoscaling"]
+    model["spec"]["adapters"] = [_adapter(smollm2_dir, root, "sql-v1", 1), _adapter(smollm2_dir, root, "sql-v2", 2)]
+    started = time.monotonic()
+    stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    stack.kubectl("apply", "-f", "-", input=_sql_route(80, 20))
+    stack.kubectl("wait", "--for=condition=Ready", f"im/{LORA_MODEL}", "--timeout=240s", timeout=260)
+    wait_for(lambda: _im_columns(stack).get(LORA_MODEL, {}).get("ADAPTERS") == "2", timeout=60,
+             what="kubectl get im to show both adapters ready")
+    wait_for(lambda: all(b["endpoints"] for b in stack.gateway_get("/admin/routes")["routes"]["sql"]["backends"]),
+             timeout=30, what="the gateway to route both adapter versions")
+    record_property("adapters_ready_s", round(time.monotonic() - started, 1))
+
+    client = stack.client()
+    assert {LORA_MODEL, "sql-v1", "sql-v2", "sql"} <= {m.id for m in client.models.list().data}
+    answers = {}
+    for name in (LORA_MODEL, "sql-v1", "sql-v2"):
+        raw = client.chat.completions.with_raw_response.create(
+            model=name, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, temperature=0)
+        assert raw.headers["x-sluice-backend"] == name
+        answers[name] = raw.parse().choices[0].message.content
+    assert len(set(answers.values())) == 3, answers  # each adapter changes the answer
+
+    # A third adapter by `kubectl apply`: loaded on the running replica, no rollout, no restart.
+    (pod,) = stack.model_pods(LORA_MODEL)
+    (pid,) = stack.processes(pod["metadata"]["name"])
+    deployment = stack.get("deployment", LORA_MODEL)
+    model["spec"]["adapters"].append(_adapter(smollm2_dir, root, "tone", 3))
+    applied = time.monotonic()
+    stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    wait_for(lambda: _served(stack, "tone"), timeout=90, interval=0.5, what="the added adapter to be served")
+    record_property("added_adapter_served_s", round(time.monotonic() - applied, 1))
+    assert [p["metadata"]["name"] for p in stack.model_pods(LORA_MODEL)] == [pod["metadata"]["name"]]
+    assert stack.processes(pod["metadata"]["name"]) == [pid], "the runtime was restarted"
+    after = stack.get("deployment", LORA_MODEL)
+    # (Its generation moves anyway: a Deployment counts changes of its annotations too.)
+    assert after["spec"]["template"] == deployment["spec"]["template"], "the pod template changed"
+    loaded = [{"pod": pod["metadata"]["name"], "state": "Loaded", "message": ""}]
+    wait_for(lambda: {a["name"]: a["replicas"] for a in stack.get("im", LORA_MODEL)["status"]["adapters"]}
+             == {"sql-v1": loaded, "sql-v2": loaded, "tone": loaded}, timeout=30, what="each adapter Loaded in status")
+    wait_for(lambda: _im_columns(stack)[LORA_MODEL]["ADAPTERS"] == "3", timeout=30, what="kubectl get im to show 3")
+
+    # A canary between two versions of an adapter splits as the weights say.
+    load = stack.load("sql", concurrency=4, max_tokens=1).start()
+    wait_for(lambda: len(load.snapshot()) >= 160, timeout=240, interval=0.5, what="160 answers at 80/20")
+    results = load.stop()
+    assert _failures(results) == []
+    share = _share(results, "sql-v2")
+    record_property("requests", len(results))
+    record_property("sql_v2_share_at_80_20", round(share, 3))
+    assert abs(share - 0.2) < 0.13, share  # binomial spread at 160 requests: about 3.2 points
+
+    stack.kubectl("delete", "mr", "sql")
+    stack.kubectl("delete", "im", LORA_MODEL, "--wait=true", "--timeout=60s")
 
 
 @pytest.mark.e2e_always
