@@ -177,7 +177,10 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
         if watching:
             for namespace in (elsewhere, home):
                 assert not _can(cluster, account, "create", "deployments", "-n", namespace), namespace
-                assert not _can(cluster, account, "list", "pods", "-n", namespace), namespace
+            assert not _can(cluster, account, "list", "pods", "-n", elsewhere)
+            # Home: the gateway pods, whose metrics carry each model's demand (scale from zero); read only.
+            assert _can(cluster, account, "list", "pods", "-n", home)
+            assert not _can(cluster, account, "patch", "pods", "-n", home)
             for request in (("list", "namespaces"), ("list", "customresourcedefinitions.apiextensions.k8s.io"),
                             ("list", "inferencemodels.sluice.dev", "--all-namespaces")):
                 assert not _can(cluster, account, *request), request

@@ -155,9 +155,10 @@ def test_the_chart_and_the_crd_default_to_the_images_the_build_makes():
     chart = yaml.safe_load((REPO / "charts/sluice/Chart.yaml").read_text())
     tag = values["image"]["tag"] or chart["appVersion"]
     assert f"{values['image']['repository']}:{tag}" == build.TARGETS["operator"].image
-    from sluice_operator.crd.inference_model import RuntimeSpec
+    from sluice_operator.crd.inference_model import ENGINE_IMAGES
 
-    assert RuntimeSpec().image == build.TARGETS["runtime"].image
+    # The sluice engine's image where neither the spec nor the chart names one.
+    assert ENGINE_IMAGES["sluice"] == build.TARGETS["runtime"].image
 
 
 def test_a_build_uses_the_local_base_and_reuses_the_hosts_pip_cache():

@@ -75,8 +75,8 @@ def _location(loc: tuple) -> str | None:
     for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("body", "query", "path") and not out and i + 1 < len(loc):
-            continue  # FastAPI's prefix; alone, it is a field of that name (/v1/rerank's query)
+        elif i == 0 and (part == "body" or (part in ("query", "path") and len(loc) > 1)):
+            continue  # FastAPI's prefix; "query" alone is the field of that name (/v1/rerank's query)
         elif not _FIELD_NAME.match(str(part)) or part in _TYPE_NAMES:
             continue
         else:
