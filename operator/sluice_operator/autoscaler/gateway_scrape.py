@@ -1,14 +1,12 @@
 """Read the demand of every model from the gateway replicas' /metrics (names in sluice_contracts.demand)."""
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from sluice_contracts.demand import BACKEND_IN_FLIGHT, BACKEND_LABEL, HELD_REQUESTS, REQUESTS
 
 from .demand import GatewayDemand
-from .scrape import SCRAPE_TIMEOUT_SECONDS, MetricsError
+from .scrape import MetricsError, fetch_metrics
 
 _FIELDS = {HELD_REQUESTS: "held", BACKEND_IN_FLIGHT: "in_flight", f"{REQUESTS}_total": "answered"}
 
@@ -31,12 +29,4 @@ def parse_gateway_demand(text: str) -> dict[str, GatewayDemand]:
 
 
 async def scrape_gateway(session: aiohttp.ClientSession, base_url: str) -> dict[str, GatewayDemand]:
-    try:
-        timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)
-        async with session.get(f"{base_url}/metrics", timeout=timeout) as response:
-            if response.status != 200:
-                raise MetricsError(f"/metrics answered HTTP {response.status}")
-            text = await response.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise MetricsError(f"/metrics unreachable: {type(exc).__name__} {exc}".strip()) from None
-    return parse_gateway_demand(text)
+    return parse_gateway_demand(await fetch_metrics(session, base_url))

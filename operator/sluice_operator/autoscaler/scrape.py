@@ -30,14 +30,18 @@ def parse_runtime_metrics(text: str, served_model_name: str, engine: str = DEFAU
     return RuntimeLoad(load.kv_cache_usage, load.waiting, load.running)
 
 
-async def scrape(session: aiohttp.ClientSession, base_url: str, served_model_name: str,
-                 engine: str = DEFAULT_ENGINE) -> RuntimeLoad:
+async def fetch_metrics(session: aiohttp.ClientSession, base_url: str) -> str:
+    """The text of `base_url`/metrics (a runtime's or a gateway's); MetricsError when it cannot be had."""
     try:
         timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_SECONDS)
         async with session.get(f"{base_url}/metrics", timeout=timeout) as response:
             if response.status != 200:
                 raise MetricsError(f"/metrics answered HTTP {response.status}")
-            text = await response.text()
+            return await response.text()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise MetricsError(f"/metrics unreachable: {type(exc).__name__} {exc}".strip()) from None
-    return parse_runtime_metrics(text, served_model_name, engine)
+
+
+async def scrape(session: aiohttp.ClientSession, base_url: str, served_model_name: str,
+                 engine: str = DEFAULT_ENGINE) -> RuntimeLoad:
+    return parse_runtime_metrics(await fetch_metrics(session, base_url), served_model_name, engine)
