@@ -134,6 +134,12 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
     """`kubectl auth can-i` as the operator's service account, against the chart as `helm install` leaves it."""
     import uuid
 
+    from fixtures.gie import inference_pool_crd
+
+    # kubectl answers "no" for a resource the API server does not know, whatever the RBAC says.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(inference_pool_crd()))
+    cluster.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
+                    "crd/inferencepools.inference.networking.k8s.io")
     release = f"rbac-{uuid.uuid4().hex[:6]}"
     home, watched, elsewhere = release, f"{release}-w", f"{release}-x"
     for namespace in (home, watched, elsewhere):
