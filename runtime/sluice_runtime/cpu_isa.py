@@ -7,8 +7,9 @@ reach float32's speed only with AVX512-BF16 or AMX, which is what `--dtype auto`
 
 SLUICE_CPU_ISA=avx2 or generic caps the level below what the CPU has, so those paths run, and are
 tested, on any machine. It cannot raise the level: asking for instructions the CPU lacks is
-refused with their names. Torch's own kernels have their own caps (ATEN_CPU_CAPABILITY=avx2,
-ONEDNN_MAX_CPU_ISA=AVX2), which the AVX2 test run sets alongside.
+refused with their names. Generic also keeps float32 linears on torch's plain path. Torch's own
+kernels have their own caps (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2), which the AVX2
+test run sets alongside.
 """
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ class CpuPaths:
     onednn_fp16: bool
     # bfloat16 matmuls at least as fast as float32: `--dtype auto` picks bfloat16.
     fast_bf16: bool
+    # Float32 weights pre-packed for oneDNN (x86 above generic): torch's plain float32 linear leaves
+    # small-row matmuls to MKL, which reaches half the speed there (executor/packed_linear.py).
+    onednn_fp32: bool
     compile_flags: tuple[str, ...]
 
     @property
@@ -89,7 +93,8 @@ def choose(features: CpuFeatures, requested: str | None) -> CpuPaths:
     flags = ["-march=native", *(_X86_FLAGS[level] if features.x86 else [])]
     return CpuPaths(level=level, detected=detected, onednn_bf16=features.onednn_bf16 and native_level,
                     onednn_fp16=features.onednn_fp16 and native_level,
-                    fast_bf16=native_level and (features.avx512_bf16 or features.amx), compile_flags=tuple(flags))
+                    fast_bf16=native_level and (features.avx512_bf16 or features.amx),
+                    onednn_fp32=features.x86 and level != "generic", compile_flags=tuple(flags))
 
 
 def read_features() -> CpuFeatures:

@@ -34,6 +34,9 @@ def test_each_cpu_gets_its_own_level_and_bfloat16_paths():
     assert choose(SAPPHIRE_RAPIDS, "").fast_bf16 and choose(SAPPHIRE_RAPIDS, None).onednn_fp16
     graviton = choose(GRAVITON, None)
     assert (graviton.level, graviton.compile_flags) == ("generic", ("-march=native",))
+    # Float32 weights are packed for oneDNN on x86 above generic; forcing generic keeps torch's plain path.
+    assert avx2.onednn_fp32 and skylake.onednn_fp32 and not graviton.onednn_fp32
+    assert not choose(AVX2_EPYC, "generic").onednn_fp32 and choose(SAPPHIRE_RAPIDS, "avx2").onednn_fp32
 
 
 @pytest.mark.parametrize("requested", ["avx2", " AVX2 ", "Avx2\n"])

@@ -138,7 +138,8 @@ class ModelRunner:
         linears = None
         if self.cpu_paths is not None:
             linears, _ = prepare_linears(self.model, {torch.bfloat16: self.cpu_paths.onednn_bf16,
-                                                      torch.float16: self.cpu_paths.onednn_fp16})
+                                                      torch.float16: self.cpu_paths.onednn_fp16,
+                                                      torch.float32: self.cpu_paths.onednn_fp32})
         self.num_parameters = sum(p.numel() for p in self.model.parameters())
         # Wrapped before the KV cache is sized and graphs are captured, so both count the slots.
         self.lora = (LoraSlots(self.model, self.cfg, config.max_loras, config.max_lora_rank)

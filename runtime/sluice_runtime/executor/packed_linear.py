@@ -1,13 +1,18 @@
-"""Half-precision (bfloat16, float16) linear layers on the CPU, in the fastest form this CPU has.
+"""CPU linear layers in the fastest form this CPU has.
 
-Where oneDNN computes bfloat16 natively (cpu_isa.CpuPaths.onednn_bf16), torch's plain linear
-re-lays out the weight into oneDNN's blocked format on every call; for the small batches of a
-decode step that reorder is a large share of the matmul, so the weight is packed once at load
-(about 1.2-1.4x per linear at 8-64 rows). Where oneDNN does not (AVX2 and below; float16 without
-AVX512-FP16 or AMX), torch's half-precision matmul is an emulation 3-8x slower than float32 at
-16-256 rows; the layer then widens its input and weight to float32 per call (1.1-1.25x float32's
-time) and keeps the weight in half precision, the memory the user asked for. Either way a single
-row (batch-1 decode) stays on the plain path: it is memory-bound, so half the bytes win there.
+Float32 (cpu_isa.CpuPaths.onednn_fp32): torch's plain linear hands a decode step's small-row
+matmuls to MKL, which on a 2-core AVX2 EPYC reached 35-40 GFLOP/s for the wide ones (gate_up, the
+LM head) against 90-100 for oneDNN with the weight packed once at load. The packed copy replaces
+the weight (a weight shared with another layer, the tied embedding, stays), so memory does not grow.
+
+Half precision: where oneDNN computes bfloat16 natively (cpu_isa.CpuPaths.onednn_bf16), torch's
+plain linear re-lays out the weight into oneDNN's blocked format on every call; for the small
+batches of a decode step that reorder is a large share of the matmul, so the weight is packed once
+at load. Where oneDNN does not (AVX2 and below; float16 without AVX512-FP16 or AMX), torch's
+half-precision matmul is an emulation 3-8x slower than float32 at 16-256 rows; the layer then
+widens its input and weight to float32 per call and keeps the weight in half precision, the memory
+the user asked for. Either way a single row (batch-1 decode) stays on the plain half-precision
+path: it is memory-bound, so half the bytes win there.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ def _rows(x: torch.Tensor) -> int:
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if _rows(x) < 2:
+    if _rows(x) < 2 and self.weight.dtype != torch.float32:
         return F.linear(x, self.weight, self.bias)
     return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
@@ -44,9 +49,17 @@ def _widened_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), self.weight.float(), bias).to(x.dtype)
 
 
+def _shape_only(weight: torch.Tensor) -> nn.Parameter:
+    """A stand-in that keeps the weight's shape, dtype and device (what LoRA slots read) in no memory."""
+    return nn.Parameter(torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape),
+                        requires_grad=False)
+
+
 def prepare_linears(model: nn.Module, native: dict[torch.dtype, bool]) -> tuple[str | None, int]:
-    """Gives every half-precision CPU linear of `model` its fast forward. `native` says per dtype
-    whether oneDNN computes it natively. Returns how they compute (PACKED, WIDENED or None) and how many."""
+    """Gives every CPU linear of `model` its fast forward. `native` says per dtype whether oneDNN
+    computes it natively (for float32: whether to pack). Returns how they compute (PACKED, WIDENED
+    or None) and how many."""
+    shared = {id(p) for m in model.modules() if not isinstance(m, nn.Linear) for p in m.parameters(recurse=False)}
     mode, count = None, 0
     for module in model.modules():
         if not isinstance(module, nn.Linear):
@@ -55,14 +68,18 @@ def prepare_linears(model: nn.Module, native: dict[torch.dtype, bool]) -> tuple[
         if type(module).forward is not nn.Linear.forward and getattr(getattr(module, "tp", None), "size", 1) > 1:
             continue
         dtype = module.weight.dtype
-        if dtype not in (torch.bfloat16, torch.float16) or module.weight.device.type != "cpu":
+        if dtype not in native or module.weight.device.type != "cpu":
             continue
-        if native.get(dtype, False):
-            if dtype != torch.bfloat16 or not packing_available():
-                continue  # oneDNN's plain path is already native
+        if native[dtype]:
+            if dtype == torch.float16 or not packing_available():
+                continue  # oneDNN's plain float16 path is already native
             module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), BATCH_HINT)
+            if dtype == torch.float32 and id(module.weight) not in shared:
+                module.weight = _shape_only(module.weight)
             module.forward = types.MethodType(_packed_forward, module)
             mode = PACKED
+        elif dtype == torch.float32:
+            continue
         else:
             module.forward = types.MethodType(_widened_forward, module)
             mode = WIDENED
