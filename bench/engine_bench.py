@@ -4,8 +4,9 @@
 each (ignore_eos), SmolLM2 in --dtype (auto: what the engine picks on this machine). Rows:
 Sluice's engine at concurrency 1, 8, 32, 64 (a client keeps that many requests in flight);
 transformers `generate` one request at a time; transformers' continuous batching
-(`generate_batch`). Sequential rows run a prefix of the requests to stay bounded; tokens/s is
-comparable across rows. --target-itl-ms auto off runs Sluice's rows once per step budget,
+(`generate_batch`); with --llama-cpp, llama.cpp's server on the GGUF the model comes from at each
+concurrency (opt-in, bench/llama_cpp_server.py). Sequential rows run a prefix of the requests to
+stay bounded; tokens/s is comparable across rows. --target-itl-ms auto off runs Sluice's rows once per step budget,
 alternating, each on fresh tokens of the same lengths (no prefix-cache hits between rows);
 --stream marks the requests streamed (read as they come), which the budget protects; unstreamed,
 a burst like this one is read whole and the budget leaves it alone. Writes
@@ -155,6 +156,10 @@ def main() -> None:
                         help="throughput mix: requests are streamed, so the step budget protects their decodes")
     parser.add_argument("--rounds", type=int, default=1, help="throughput mix: repeats of Sluice's rows")
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="throughput mix: add llama.cpp's server on the same GGUF at each concurrency (opt-in: "
+                             "builds llama-server once, about 13 minutes on 2 cores; bench/llama_cpp_server.py)")
+    parser.add_argument("--llama-server", metavar="PATH", help="with --llama-cpp: this llama-server, not one built")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's, one per core); 1 steadies figures on a shared machine")
@@ -200,6 +205,21 @@ def throughput(args: argparse.Namespace) -> None:
                 rows[name] = run_engine(each, tokens, args.output_len, c, args.stream)
                 print(f"{name}: {rows[name]['output_tok_s']:.1f} tok/s, load {rows[name]['load_average']}", flush=True)
     del engine, engines
+    if args.llama_cpp:
+        from llama_cpp_server import llama_server_binary, run_llama_server
+
+        from sluice_runtime.models.loading import embedded_gguf
+
+        binary = llama_server_binary(args.llama_server)
+        for c in args.concurrency:
+            subset = prompts[: args.sequential_requests] if c == 1 else prompts
+            name = f"llama.cpp server c={c} (Q4_1)"
+            try:
+                rows[name] = run_llama_server(binary, embedded_gguf("smollm2"), subset, args.output_len, c,
+                                              torch.get_num_threads())
+            except Exception as exc:  # report instead of losing the other rows
+                rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"{name}: {rows[name]}", flush=True)
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
 
@@ -220,6 +240,13 @@ def throughput(args: argparse.Namespace) -> None:
           f"(decode-only limit {decode_only_limit:.1f}); prompts {prompt_tokens} tokens, outputs {output_tokens}")
     seq = rows.get("transformers generate (sequential)", {}).get("output_tok_s")
     batch = rows.get("transformers generate_batch", {}).get("output_tok_s")
+    for c in args.concurrency:
+        ours = [r["output_tok_s"] for name, r in rows.items()
+                if name.split(",")[0].split(" #")[0] == f"sluice c={c}" and "error" not in r]
+        theirs = rows.get(f"llama.cpp server c={c} (Q4_1)", {}).get("output_tok_s")
+        if ours and theirs:
+            print(f"c={c}: Sluice (mean of its rows) / llama.cpp server {sum(ours) / len(ours) / theirs:.2f} "
+                  "(target >= 1.5)")
     header = f"{'run':38} {'req':>4} {'tok/s':>8} {'TTFT s':>8} {'ITL ms':>8} {'x seq':>7} {'x batch':>8} {'roofline':>9}"
     print(header)
     print("-" * len(header))

@@ -73,7 +73,8 @@ def validate_model_dir(path: Path) -> dict:
     return config
 
 
-def _embedded_gguf(name: str) -> Path:
+def embedded_gguf(name: str) -> Path:
+    """The GGUF file an embedded model is converted from (also what the llama.cpp bench row serves)."""
     package, filename = EMBEDDED_MODELS[name]
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
@@ -86,7 +87,7 @@ def _embedded_gguf(name: str) -> Path:
 
 
 def _embedded_model_dir(name: str) -> Path:
-    gguf = _embedded_gguf(name)
+    gguf = embedded_gguf(name)
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.name}:{stat.st_size}:v1".encode()).hexdigest()[:12]
     target = cache_root() / f"{name}-{key}"
