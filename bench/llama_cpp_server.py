@@ -51,6 +51,7 @@ def llama_server_binary(given: str | None = None) -> Path:
             sdist.extractall(tmp, filter="data")
         source = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        shutil.rmtree(root / "build", ignore_errors=True)  # a failed build's cache names a source now gone
         subprocess.run(["cmake", "-S", str(source), "-B", str(root / "build"), *generator, *BUILD_OPTIONS], check=True)
         subprocess.run(["cmake", "--build", str(root / "build"), "--target", "llama-server",
                         "-j", str(os.cpu_count() or 1)], check=True)
