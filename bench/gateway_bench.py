@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,34 +25,14 @@ from pathlib import Path
 
 import aiohttp
 
+from bench_process import free_port, wait_http
+
 ROOT = Path(__file__).resolve().parent.parent
 LITELLM_PIN = "litellm[proxy]==1.108.7"
 TENANT_KEY = "sk-bench-tenant"
 LITELLM_KEY = "sk-bench-master"
 PAYLOAD = {"model": "bench", "max_tokens": 8,
            "messages": [{"role": "user", "content": "Say something short about gateways."}]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_http(url: str, process: subprocess.Popen, timeout: float, headers: dict | None = None) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{process.args[0]} exited with {process.returncode} before serving {url}")
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=1):
-                return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not come up within {timeout} s")
 
 
 def rss_mib(process: subprocess.Popen) -> float:

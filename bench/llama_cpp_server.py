@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from bench_process import free_port, wait_http
 from sluice_runtime.cache_dir import sluice_cache_dir
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -58,34 +58,22 @@ def llama_server_binary(given: str | None = None) -> Path:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_llama_server(binary: Path, gguf: Path, prompts: list[list[int]], output_len: int, concurrency: int,
                      threads: int) -> dict:
     """The prompts (token ids) through llama-server's /completion, `concurrency` in flight over as
     many slots, each generating exactly output_len tokens; figures as engine_bench.run_engine's."""
-    port = _free_port()
+    port = free_port()
     context = concurrency * (max(len(p) for p in prompts) + output_len + 8)
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(concurrency),
                "-c", str(context), "-t", str(threads), "-b", "1024", "--no-webui"]
     with tempfile.TemporaryFile() as log, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) as server:
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"llama-server did not start: {log.read().decode(errors='replace')[-2000:]}")
-                try:
-                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.5)
+            try:
+                wait_http(f"{url}/health", server, 120)
+            except SystemExit as failure:
+                log.seek(0)
+                raise RuntimeError(f"{failure}: {log.read().decode(errors='replace')[-2000:]}") from None
             body = {"n_predict": output_len, "ignore_eos": True, "temperature": 0, "cache_prompt": False}
             with httpx.Client(base_url=url, timeout=3600) as client:
                 client.post("/completion", json={**body, "prompt": prompts[0][:16], "n_predict": 4}).raise_for_status()

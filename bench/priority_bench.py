@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,34 +29,16 @@ import httpx
 import openai
 import yaml
 
+from bench_process import free_port, wait_http
+
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {name: f"sk-bench-{name}" for name in "ABCD"}
 PROMPT = [{"role": "user", "content": "Write one sentence about rivers."}]
 _SERVING = re.compile(r"sluice-runtime: serving \S+ at (http://\S+)")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def script(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
-
-
-def wait_ready(url: str, process: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{process.args[0]} exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"{url} not ready within {timeout} s")
 
 
 def start_runtime(args, workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -71,7 +52,7 @@ def start_runtime(args, workdir: Path) -> tuple[subprocess.Popen, str]:
         if process.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"the runtime did not start:\n{(workdir / 'runtime.log').read_text()[-2000:]}")
         time.sleep(0.3)
-    wait_ready(match.group(1), process)
+    wait_http(f"{match.group(1)}/ready", process, 600)
     return process, match.group(1)
 
 
@@ -95,7 +76,7 @@ def start_gateway(runtime_url: str, classes: dict[str, str], workdir: Path, name
          str(metrics_port)],
         stdout=(workdir / f"{name}.log").open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_ready(url, process)
+    wait_http(f"{url}/ready", process, 600)
     return process, url
 
 
