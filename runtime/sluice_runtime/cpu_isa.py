@@ -58,7 +58,7 @@ class CpuPaths:
     # bfloat16 matmuls at least as fast as float32: `--dtype auto` picks bfloat16.
     fast_bf16: bool
     # Float32 weights pre-packed for oneDNN (x86 above generic): torch's plain float32 linear leaves
-    # small-row matmuls to MKL, which reaches half the speed there (executor/packed_linear.py).
+    # small-row matmuls to MKL, which is slower there (executor/packed_linear.py).
     onednn_fp32: bool
     compile_flags: tuple[str, ...]
 

@@ -1,9 +1,9 @@
 """CPU linear layers in the fastest form this CPU has.
 
 Float32 (cpu_isa.CpuPaths.onednn_fp32): torch's plain linear hands a decode step's small-row
-matmuls to MKL, which on a 2-core AVX2 EPYC reached 35-40 GFLOP/s for the wide ones (gate_up, the
-LM head) against 90-100 for oneDNN with the weight packed once at load. The packed copy replaces
-the weight (a weight shared with another layer, the tied embedding, stays), so memory does not grow.
+matmuls to MKL, which runs the wide ones (gate_up, the LM head) at about half the speed of oneDNN
+with the weight packed once at load (README, the engine's CPU paths). The packed copy replaces the
+weight (a weight shared with another layer, the tied embedding, stays), so memory does not grow.
 
 Half precision: where oneDNN computes bfloat16 natively (cpu_isa.CpuPaths.onednn_bf16), torch's
 plain linear re-lays out the weight into oneDNN's blocked format on every call; for the small

@@ -278,8 +278,7 @@ inline Vec exp_nonpositive_simd(Vec x) {
 // Rows this far ahead are requested before they are read: a task reads its kv head's share of each
 // cache row at a stride, and the hardware prefetcher does not follow a block table from one block
 // to the next when the blocks are scattered, as they become in a server that has run a while
-// (on a 2-core AVX2 EPYC: 12-16 % off the decode attention over scattered blocks, 2 % over
-// consecutive ones).
+// (README, the engine's CPU paths).
 constexpr int PREFETCH_ROWS = 16;
 template <typename T, int HEAD_DIM>
 inline void prefetch_row(const T* row) {
