@@ -6,10 +6,10 @@ Sluice's engine at concurrency 1, 8, 32, 64 (a client keeps that many requests i
 transformers `generate` one request at a time; transformers' continuous batching
 (`generate_batch`); with --llama-cpp, llama.cpp's server on the GGUF the model comes from at each
 concurrency (opt-in, bench/llama_cpp_server.py). Sequential rows run a prefix of the requests to
-stay bounded; tokens/s is comparable across rows. --target-itl-ms auto off runs Sluice's rows once per step budget,
-alternating, each on fresh tokens of the same lengths (no prefix-cache hits between rows);
---stream marks the requests streamed (read as they come), which the budget protects; unstreamed,
-a burst like this one is read whole and the budget leaves it alone. Writes
+stay bounded; tokens/s is comparable across rows. --target-itl-ms auto off runs Sluice's rows
+once per step budget, alternating, each on fresh tokens of the same lengths (no prefix-cache hits
+between rows); --stream marks the requests streamed (read as they come), which the budget
+protects; unstreamed, a burst like this one is read whole and the budget leaves it alone. Writes
 bench/results/engine.json and engine.png.
 
 --mix short-under-long: 28 short chats (50-200 prompt tokens) and 4 long prompts (2,000 tokens),
@@ -192,6 +192,9 @@ def throughput(args: argparse.Namespace) -> None:
     decode_only_limit = gflops * 1e9 / (2 * params_total)
 
     rows: dict[str, dict] = {}
+    # Output tok/s per concurrency: Sluice's rows (each budget and round), llama.cpp's one row.
+    sluice_tok_s: dict[int, list[float]] = {}
+    llama_cpp_tok_s: dict[int, float] = {}
     vocab = engine.runner.cfg.vocab_size
     for budget, each in engines.items():  # warm-up, and the step budget's first step times
         run_engine(each, fresh_tokens(prompts[:4], vocab, f"warm-{budget}"), 8, 4, args.stream)
@@ -203,6 +206,7 @@ def throughput(args: argparse.Namespace) -> None:
                     f" #{round_ + 1}" if args.rounds > 1 else "")
                 tokens = fresh_tokens(subset, vocab, name) if len(engines) > 1 or args.rounds > 1 else subset
                 rows[name] = run_engine(each, tokens, args.output_len, c, args.stream)
+                sluice_tok_s.setdefault(c, []).append(rows[name]["output_tok_s"])
                 print(f"{name}: {rows[name]['output_tok_s']:.1f} tok/s, load {rows[name]['load_average']}", flush=True)
     del engine, engines
     if args.llama_cpp:
@@ -217,6 +221,7 @@ def throughput(args: argparse.Namespace) -> None:
             try:
                 rows[name] = run_llama_server(binary, embedded_gguf("smollm2"), subset, args.output_len, c,
                                               torch.get_num_threads())
+                llama_cpp_tok_s[c] = rows[name]["output_tok_s"]
             except Exception as exc:  # report instead of losing the other rows
                 rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: {rows[name]}", flush=True)
@@ -240,13 +245,10 @@ def throughput(args: argparse.Namespace) -> None:
           f"(decode-only limit {decode_only_limit:.1f}); prompts {prompt_tokens} tokens, outputs {output_tokens}")
     seq = rows.get("transformers generate (sequential)", {}).get("output_tok_s")
     batch = rows.get("transformers generate_batch", {}).get("output_tok_s")
-    for c in args.concurrency:
-        ours = [r["output_tok_s"] for name, r in rows.items()
-                if name.split(",")[0].split(" #")[0] == f"sluice c={c}" and "error" not in r]
-        theirs = rows.get(f"llama.cpp server c={c} (Q4_1)", {}).get("output_tok_s")
-        if ours and theirs:
-            print(f"c={c}: Sluice (mean of its rows) / llama.cpp server {sum(ours) / len(ours) / theirs:.2f} "
-                  "(target >= 1.5)")
+    for c, theirs in llama_cpp_tok_s.items():
+        ours = sluice_tok_s[c]
+        print(f"c={c}: Sluice (mean of its rows) / llama.cpp server {sum(ours) / len(ours) / theirs:.2f} "
+              "(target >= 1.5)")
     header = f"{'run':38} {'req':>4} {'tok/s':>8} {'TTFT s':>8} {'ITL ms':>8} {'x seq':>7} {'x batch':>8} {'roofline':>9}"
     print(header)
     print("-" * len(header))

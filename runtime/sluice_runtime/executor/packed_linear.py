@@ -3,7 +3,8 @@
 Float32 (cpu_isa.CpuPaths.onednn_fp32): torch's plain linear hands a decode step's small-row
 matmuls to MKL, which runs the wide ones (gate_up, the LM head) at about half the speed of oneDNN
 with the weight packed once at load (README, the engine's CPU paths). The packed copy replaces the
-weight (a weight shared with another layer, the tied embedding, stays), so memory does not grow.
+weight, so memory does not grow; only a weight shared with another layer (the tied embedding) is
+kept beside its packed copy.
 
 Half precision: where oneDNN computes bfloat16 natively (cpu_isa.CpuPaths.onednn_bf16), torch's
 plain linear re-lays out the weight into oneDNN's blocked format on every call; for the small
