@@ -15,8 +15,8 @@ from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.engine.scheduler import Scheduler
 from sluice_runtime.engine.sequence import SequenceGroup
-from sluice_runtime.engine.step_budget import (AUTO, BATCH_MEMORY, MIN_CHUNK, OFF, StepBudget, StepTimeModel,
-                                               chunk_pairs)
+from sluice_runtime.engine.step_budget import (AUTO, AUTO_DECODE_FACTOR, BATCH_MEMORY, DECODE_ONLY_MEMORY, MIN_CHUNK,
+                                               OFF, StepBudget, StepTimeModel, chunk_pairs)
 
 # A 2-core AVX2 CPU running SmolLM2 in float32, roughly: 80 ms per step, 7 ms per token, 2 us per
 # attention pair (a query token and a key it reads).
@@ -78,23 +78,92 @@ def test_a_machine_that_really_slows_down_moves_the_fit_within_a_few_dozen_steps
     assert model.predict(60, 0) >= 3 * cpu_step(60)
 
 
-@pytest.mark.parametrize("decodes", [8, 28, 64])
-def test_auto_keeps_a_step_within_two_decode_steps_at_the_current_batch(decodes):
+@pytest.mark.parametrize("decodes", [12, 28, 64])
+def test_auto_keeps_a_step_within_its_factor_of_the_decode_step_at_the_current_batch(decodes):
     budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))
     chunk = budget.allowance(decodes, 0).chunk(0, ANY)
     assert MIN_CHUNK <= chunk < 1024 - decodes
-    assert cpu_step(decodes + chunk) <= 2 * cpu_step(decodes) < cpu_step(decodes + chunk + 1)
+    assert cpu_step(decodes + chunk) <= AUTO_DECODE_FACTOR * cpu_step(decodes) < cpu_step(decodes + chunk + 1)
 
 
 def test_when_the_batch_shrinks_prefill_takes_the_time_its_streams_left_for_a_while():
     budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))
     budget.allowance(28, 0)
     chunk = budget.allowance(2, 0).chunk(0, ANY)
-    assert cpu_step(2 + chunk) <= 2 * cpu_step(28) < cpu_step(2 + chunk + 1)
+    assert cpu_step(2 + chunk) <= AUTO_DECODE_FACTOR * cpu_step(28) < cpu_step(2 + chunk + 1)
     for _ in range(BATCH_MEMORY):
         budget.allowance(2, 0)
     chunk = budget.allowance(2, 0).chunk(0, ANY)
-    assert chunk == max(MIN_CHUNK, int((2 * cpu_step(2) - FIXED) / PER_TOKEN + 1e-9) - 2)
+    assert chunk == max(MIN_CHUNK, int((AUTO_DECODE_FACTOR * cpu_step(2) - FIXED) / PER_TOKEN + 1e-9) - 2)
+
+
+def test_a_stream_among_others_is_measured_against_the_largest_batch_as_it_was():
+    # 28 short streams, then 2 of them and a long prompt's stream reading 2,000 keys.
+    budget = StepBudget(AUTO, 1024, fitted((28, 6000), (75, 40_000), (300, 90_000), (1024, 600_000), (60, 200_000)))
+    budget.allowance(28, 28 * 200)
+    allowance = budget.allowance(3, 2 * 200 + 2000)
+    chunk = allowance.chunk(0, ANY)
+    step = cpu_step(3 + chunk, 2 * 200 + 2000 + chunk_pairs(0, chunk))
+    assert step <= AUTO_DECODE_FACTOR * cpu_step(28, 28 * 200) < cpu_step(4 + chunk, 2400 + chunk_pairs(0, chunk + 1))
+
+
+def dearer_cpu(decodes: int, chunk: int) -> float:
+    """A CPU on which steps that carry a chunk take 15 % more than a straight line says, as deep chunks
+    and wide rows do, and decode-only steps 10 % less."""
+    return cpu_step(decodes + chunk) * (1.15 if chunk else 0.9)
+
+
+def run_dearer_cpu(budget: StepBudget, steps: int = 120) -> list[float]:
+    """Every fourth step decode-only, the others with what the budget allows; the step times."""
+    times = []
+    for step in range(steps):
+        chunk = 0 if step % 4 == 0 else budget.allowance(28, 0).chunk(0, ANY)
+        times.append(dearer_cpu(28, chunk))
+        budget.observe(28, 28 + chunk, 0, times[-1])
+    return [t for step, t in enumerate(times) if step % 4][-20:]
+
+
+def test_steps_with_chunks_dearer_than_the_line_land_on_the_target():
+    chunk_steps = run_dearer_cpu(StepBudget(AUTO, 1024, fitted(28, 60, 300)))
+    target = AUTO_DECODE_FACTOR * dearer_cpu(28, 0)
+    assert all(0.95 * target <= t <= 1.03 * target for t in chunk_steps), (target, chunk_steps)
+
+
+def test_the_line_alone_overshoots_where_chunks_run_dearer():
+    """The check above can fail: measured through the line alone, the same CPU runs past the target."""
+
+    class LineOnly(StepBudget):
+        def observe(self, num_decodes, tokens, pairs, seconds):
+            self.model.observe(tokens, pairs, seconds)
+
+    chunk_steps = run_dearer_cpu(LineOnly(AUTO, 1024, fitted(28, 60, 300)))
+    assert min(chunk_steps) > 1.08 * AUTO_DECODE_FACTOR * dearer_cpu(28, 0)
+
+
+def test_auto_reads_its_reference_off_decode_only_steps_near_that_batch_and_recent():
+    budget = StepBudget(AUTO, 1024, fitted(*[28, 60, 300] * 10))
+    for _ in range(20):
+        budget.observe(28, 28, 0, 0.8 * cpu_step(28))
+    assert budget.decode_only_step(28, 0) == pytest.approx(0.8 * cpu_step(28), rel=0.02)
+    assert budget.decode_only_step(31, 0) == pytest.approx(0.8 * cpu_step(28) + 3 * budget.model.coefficients()[1],
+                                                           rel=0.02)
+    assert budget.decode_only_step(8, 0) == budget.model.predict(8, 0), "28 is too far from 8 to stand for it"
+    budget.allowance(28, 0)
+    chunk = budget.allowance(28, 0).chunk(0, ANY)
+    assert budget.model.predict(28 + chunk, 0) <= AUTO_DECODE_FACTOR * 0.8 * cpu_step(28) * 1.01
+    for _ in range(DECODE_ONLY_MEMORY + 1):
+        budget.observe(8, 60, 0, cpu_step(60))
+    assert budget.decode_only_step(28, 0) == budget.model.predict(28, 0), "a measurement that old is forgotten"
+
+
+def test_odd_step_times_leave_the_measured_ratios_bounded():
+    budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))
+    for seconds in (1e-9, 1e9, math.nan, math.inf, -1.0, 0.0):
+        budget.observe(28, 60, 0, seconds)
+        budget.observe(28, 28, 0, seconds)
+    assert 0.5 <= budget.chunk_bias <= 2.0
+    assert 0 < budget.decode_only_step(28, 0) < math.inf
+    assert 0 <= budget.allowance(28, 0).chunk(0, ANY) <= 1024 - 28
 
 
 def test_a_chunk_deep_into_a_long_prompt_is_smaller_by_what_its_attention_reads():
@@ -105,7 +174,7 @@ def test_a_chunk_deep_into_a_long_prompt_is_smaller_by_what_its_attention_reads(
     assert deep < shallow
     decode_step = cpu_step(28, decode_pairs)
     deep_step = cpu_step(28 + deep, decode_pairs + chunk_pairs(1900, deep))
-    assert deep_step <= 2 * decode_step < cpu_step(28 + deep + 1, decode_pairs + chunk_pairs(1900, deep + 1))
+    assert deep_step <= AUTO_DECODE_FACTOR * decode_step < cpu_step(28 + deep + 1, decode_pairs + chunk_pairs(1900, deep + 1))
 
 
 def test_chunks_share_what_the_step_allows():
@@ -237,7 +306,7 @@ def test_a_long_prompt_prefills_over_many_steps_while_short_requests_keep_decodi
         plan = engine.step()
         # Every short request got its token this step, and the step stayed within the target.
         assert len(plan.decodes) == 28
-        assert engine.clock.now - engine.scheduler._step_started <= 2 * engine.last_decode_step * 1.001
+        assert engine.clock.now - engine.scheduler._step_started <= AUTO_DECODE_FACTOR * engine.last_decode_step * 1.001
         long_chunks.append(engine.chunk_of(plan, "long"))
     assert len(long_chunks) > 20, "the long prompt should have been cut into many small chunks"
     assert long_chunks[-1] < long_chunks[0], "chunks deep into the prompt read more keys, so they are smaller"
@@ -289,7 +358,7 @@ def test_one_streamed_request_in_the_burst_brings_the_budget_back():
     while "r31" not in engine.first_token_step:
         plan = engine.step()
         if any(s.seq.group.streamed for s in plan.decodes):
-            assert engine.clock.now - engine.scheduler._step_started <= 2 * engine.last_decode_step * 1.001
+            assert engine.clock.now - engine.scheduler._step_started <= AUTO_DECODE_FACTOR * engine.last_decode_step * 1.001
     run(engine)
     assert engine.clock.now > off.clock.now
 
@@ -297,15 +366,47 @@ def test_one_streamed_request_in_the_burst_brings_the_budget_back():
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_prompt_that_comes_after_a_decoding_request_is_budgeted_even_if_nobody_streams(streamed):
     engine = Engine(target=AUTO)
-    for i in range(8):
+    for i in range(12):
         engine.add(f"early{i}", 100, max_tokens=10_000, streamed=False)
-    while len(engine.first_token_step) < 8:
+    while len(engine.first_token_step) < 12:
         engine.step()
     engine.add("late", 2000, streamed=streamed)
     for _ in range(5):
         plan = engine.step()
-        assert len(plan.decodes) == 8 and 0 < engine.chunk_of(plan, "late") < 1024 - 8
-        assert engine.clock.now - engine.scheduler._step_started <= 2 * engine.last_decode_step * 1.001
+        assert len(plan.decodes) == 12 and 0 < engine.chunk_of(plan, "late") < 1024 - 12
+        assert engine.clock.now - engine.scheduler._step_started <= AUTO_DECODE_FACTOR * engine.last_decode_step * 1.001
+
+
+def test_a_long_prompts_stream_takes_other_long_prompts_chunks_as_they_come():
+    """Long prompts (longer than one step's token budget) are what the budget holds back for the
+    streams of short ones; a long prompt's own stream does not hold back the other long prompts."""
+    engine = Engine(target=AUTO)
+    engine.add("first", 2000)
+    engine.add("second", 12_000)
+    while "first" not in engine.first_token_step:
+        engine.step()
+    plan = engine.step()
+    assert [s.seq.group.request_id for s in plan.decodes] == ["first"]
+    assert engine.chunk_of(plan, "second") == 1024 - 1
+
+    engine.add("chat", 100)  # a short stream joins: the long prompt's chunks fit the target again
+    while "chat" not in engine.first_token_step:
+        engine.step()
+    plan = engine.step()
+    assert {s.seq.group.request_id for s in plan.decodes} == {"first", "chat"}
+    assert 0 < engine.chunk_of(plan, "second") <= MIN_CHUNK, "this deep, a chunk's least is already over the target"
+
+
+def test_a_long_prompts_stream_keeps_its_pace_against_a_burst_of_short_prompts():
+    engine = Engine(target=AUTO)
+    engine.add("long", 2000)
+    while "long" not in engine.first_token_step:
+        engine.step()
+    for i in range(20):
+        engine.add(f"chat{i}", 150)
+    plan = engine.step()
+    assert [s.seq.group.request_id for s in plan.decodes] == ["long"]
+    assert 0 < sum(s.num_tokens for s in plan.prefills) < 150
 
 
 def test_preempted_or_forked_sequences_keep_their_requests_arrival():
@@ -349,6 +450,18 @@ def test_a_short_prompt_overtakes_a_long_one_already_part_way_through_prefill():
     while "long" not in engine.first_token_step:
         engine.step()
     assert engine.first_token_step["short"] < engine.first_token_step["long"]
+
+
+def test_a_prompt_does_not_age_by_its_own_prefill():
+    # A prompt longer than the age limit, 9 full steps in, still lets a short chat go first: only
+    # other prompts' prefill counts as its wait.
+    engine = Engine(target=AUTO)
+    engine.add("huge", 12_000)
+    for _ in range(9):
+        engine.step()
+    engine.add("chat", 100)
+    plan = engine.step()
+    assert engine.chunk_of(plan, "chat") > 0
 
 
 def test_higher_priority_comes_before_shorter():

@@ -9,7 +9,10 @@ prompts prefilled since it arrived goes ahead of shorter ones, so long prompts n
 priority, tenants take turns in proportion to their shares (fair_share), each tenant's prompts in the
 order above. The time budget holds only where someone waits on the decodes it protects: a streamed
 request, or a request that was there before the prompt. An offline batch or a burst of requests
-read whole fills every step's token budget, which finishes them all soonest. When the KV cache runs
+read whole fills every step's token budget, which finishes them all soonest. A long prompt (longer
+than one step's token budget) is what the budget holds back for short requests' streams; beside
+the streams of long prompts only, it fills the token budget too, as they did in their turn, so a
+few long documents are not prefilled crumb by crumb behind each other's first tokens. When the KV cache runs
 out, the least important running sequence (least urgent, then most recent) is preempted and later
 recomputed from its tokens; so is one when a more urgent prompt waits for a place in a full batch.
 """
@@ -159,7 +162,7 @@ class Scheduler:
 
         allowance = self.step_budget.allowance(len(out.decodes), sum(s.attention_pairs for s in out.decodes))
         loras = self.running_loras()
-        protected_since = self._protected_since(out.decodes)
+        shield = self._shield(out.decodes)
         for seq in self._prefill_order():
             if allowance.tokens < 1 or len(scheduled) >= self.max_num_seqs:
                 break
@@ -167,7 +170,7 @@ class Scheduler:
             lora_id = seq.group.lora_id
             if lora_id and lora_id not in loras and len(loras) >= self.max_loras:
                 continue  # its adapter waits for a slot; other prompts may still run
-            timed = self._arrived_at.get(seq, self.prefill_work) > protected_since
+            timed = shield(seq)
             chunk = self._allocate_chunk(seq, allowance, timed)
             if chunk == 0 and waiting:
                 break  # the first waiting prompt that does not fit holds back those after it
@@ -186,14 +189,22 @@ class Scheduler:
     def running_loras(self) -> set[int]:
         return {s.group.lora_id for s in self.running if s.group.lora_id}
 
-    def _protected_since(self, decodes: list[ScheduledSeq]) -> float:
-        """The arrival (on the prefill-work clock) after which a prompt's chunks must fit the step
-        budget: any, if a decode is streamed; else those that came after the earliest decoding
-        request (requests that arrived together, with no prefill between them, only wait for the
-        batch to finish); none without decodes."""
-        if any(item.seq.group.streamed for item in decodes):
-            return -math.inf
-        return min((self._arrived_at.get(item.seq, self.prefill_work) for item in decodes), default=math.inf)
+    def _shield(self, decodes: list[ScheduledSeq]) -> Callable[[Sequence], bool]:
+        """Whether a chunk of a prompt must fit the step budget beside these decodes: a streamed
+        decode shields its reader from every prompt, except that a stream of a long prompt (longer
+        than one step's token budget) takes long prompts' chunks as they come, as they took its; an
+        unstreamed one only from prompts that came after the earliest of them (requests that arrived
+        together, with no prefill between them, only wait for the batch to finish)."""
+        long_prompt = self.max_num_batched_tokens
+        streams = [item.seq.num_prompt_tokens for item in decodes if item.seq.group.streamed]
+        shields_all = any(tokens <= long_prompt for tokens in streams)
+        since = min((self._arrived_at.get(item.seq, self.prefill_work) for item in decodes
+                     if not item.seq.group.streamed), default=math.inf)
+
+        def shielded(seq: Sequence) -> bool:
+            return (shields_all or (bool(streams) and seq.num_prompt_tokens <= long_prompt)
+                    or self._arrived_at.get(seq, self.prefill_work) > since)
+        return shielded
 
     def _prefill_order(self) -> list[Sequence]:
         """Started and waiting prompts: by priority, then those past the age limit in arrival order,
@@ -201,7 +212,8 @@ class Scheduler:
 
         def key(seq: Sequence) -> tuple:
             priority, arrival = seq.group.sort_key()
-            if self.prefill_work - self._arrived_at.get(seq, self.prefill_work) >= self.prefill_age_limit:
+            others_since = self.prefill_work - self._arrived_at.get(seq, self.prefill_work) - seq.num_computed_tokens
+            if others_since >= self.prefill_age_limit:
                 return priority, 0, arrival, seq.index
             return priority, 1, seq.num_uncomputed, arrival, seq.index
 
@@ -272,7 +284,7 @@ class Scheduler:
         just finished prefilling."""
         tokens = sum(item.num_tokens for item in out.scheduled)
         pairs = sum(item.attention_pairs for item in out.scheduled)
-        self.step_budget.model.observe(tokens, pairs, self.clock() - self._step_started)
+        self.step_budget.observe(len(out.decodes), tokens, pairs, self.clock() - self._step_started)
         self.prefill_work += sum(item.num_tokens for item in out.prefills)
         for item in out.scheduled:
             seq = item.seq

@@ -7,14 +7,22 @@ chunk deep into a long prompt reads all of the prompt before it, which on a CPU 
 its linear layers at 2,000 tokens), fitted to the recent steps the scheduler timed. Chunks then
 take what keeps the step within the target inter-token latency:
 
-- auto (the default): twice the decode-only step at the largest batch of the last BATCH_MEMORY
-  steps, so a stream's tokens come at most half as fast as that batch's while prompts prefill;
+- auto (the default): AUTO_DECODE_FACTOR times the decode-only step at the largest batch of the
+  last BATCH_MEMORY steps (as that batch was, measured where decode-only steps near its size
+  ran lately, else read off the line), so a stream's tokens come at most about half as fast as
+  that batch's while prompts prefill;
 - a number of milliseconds: that target, whatever the batch;
 - off: only the token budget (--max-num-batched-tokens), which always caps the chunks.
 
+A straight line through all steps misses both ends on a CPU: steps that carry chunks (deep
+prompts, wide rows) run dearer than it says and decode-only steps cheaper, so steps ran well past
+the target. A step with chunks is therefore predicted as the line's prediction times the measured
+over predicted ratio of the last few such steps.
+
 With no decode running there is nothing to protect and the chunks share the whole token budget;
 the scheduler also exempts prompts that no decode's client waits on (scheduler: no streamed
-request decoding, and the prompt arrived with the decoding requests).
+request decoding, and the prompt arrived with the decoding requests) and long prompts beside
+only long prompts' streams.
 A step's first chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a
 target that the decodes alone already exceed, and later ones are not cut smaller either (unless
 that finishes their prompt). The price is throughput where a step's fixed cost is
@@ -29,7 +37,9 @@ from dataclasses import dataclass, field
 
 from ..engine_config import AUTO, OFF
 
-AUTO_DECODE_FACTOR = 2.0
+# Below 2: a step aimed at the target lands within noise of it, and a stream's 99th-percentile
+# token gap should stay within twice the decode-only step.
+AUTO_DECODE_FACTOR = 1.8
 MIN_CHUNK = 16
 BATCH_MEMORY = 64
 # Weight of the step before each new one in the fit: about the last 20 steps count.
@@ -43,6 +53,13 @@ MAX_PAIRS_PER_TOKEN_COST = 256
 # chunks grew tenfold and blew the target; a machine that really got slower still moves the fit
 # within a few dozen steps.
 OUTLIER_FACTOR = 2.0
+# Weight of the previous ratio when a step's measured over predicted time is folded in: about the
+# last 5 steps with chunks count, so a change of phase (a long prompt's deep chunks) is followed.
+BIAS_DECAY = 0.8
+# Auto's reference is a decode-only step measured at a batch within this fraction of the one it
+# needs, in the last this many steps (the line's prediction otherwise).
+DECODE_ONLY_NEAR = 0.15
+DECODE_ONLY_MEMORY = 1000
 
 
 def chunk_pairs(context: int, tokens: int) -> int:
@@ -149,24 +166,58 @@ class StepBudget:
     target_itl: str | float
     max_tokens: int
     model: StepTimeModel = field(default_factory=StepTimeModel)
-    # Decode batches of the last BATCH_MEMORY steps: auto measures against the largest.
-    recent_batches: deque[int] = field(default_factory=lambda: deque(maxlen=BATCH_MEMORY))
+    # Decode batches of the last BATCH_MEMORY steps and the attention pairs they read: auto measures
+    # against the largest (as it was: a long prompt's stream joining a few short ones is not that
+    # batch grown deeper).
+    recent_batches: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=BATCH_MEMORY))
+    # Measured over predicted time of recent steps that carried chunks.
+    chunk_bias: float = 1.0
+    # Decode-only steps by batch: (seconds, attention pairs, the step it was last measured at).
+    decode_only: dict[int, tuple[float, float, int]] = field(default_factory=dict)
+    steps: int = 0
+
+    def observe(self, num_decodes: int, tokens: int, pairs: int, seconds: float) -> None:
+        """A step of `tokens` rows (`num_decodes` of them decodes) took `seconds`."""
+        self.steps += 1
+        if self.model.fitted and tokens >= 1 and 0 < seconds < math.inf:
+            ratio = min(max(seconds / self.model.predict(tokens, pairs), 1 / OUTLIER_FACTOR), OUTLIER_FACTOR)
+            if tokens > num_decodes:
+                self.chunk_bias = BIAS_DECAY * self.chunk_bias + (1 - BIAS_DECAY) * ratio
+            else:
+                seconds_then, pairs_then, _ = self.decode_only.get(tokens, (seconds, pairs, 0))
+                clipped = ratio * self.model.predict(tokens, pairs)
+                self.decode_only[tokens] = (BIAS_DECAY * seconds_then + (1 - BIAS_DECAY) * clipped,
+                                            BIAS_DECAY * pairs_then + (1 - BIAS_DECAY) * pairs, self.steps)
+        self.model.observe(tokens, pairs, seconds)
+
+    def decode_only_step(self, num_decodes: int, decode_pairs: float) -> float:
+        """Seconds of a step of these decodes alone: as measured at the nearest batch seen lately
+        (within DECODE_ONLY_NEAR of it, in the last DECODE_ONLY_MEMORY steps), moved along the line
+        through all steps; the line itself when there is none."""
+        line = self.model.predict(num_decodes, decode_pairs)
+        recent = [batch for batch, (_, _, step) in self.decode_only.items()
+                  if self.steps - step <= DECODE_ONLY_MEMORY and abs(batch - num_decodes) <= DECODE_ONLY_NEAR * num_decodes]
+        if not recent:
+            return line
+        batch = min(recent, key=lambda b: abs(b - num_decodes))
+        seconds, pairs, _ = self.decode_only[batch]
+        return max(line / OUTLIER_FACTOR, seconds + line - self.model.predict(batch, pairs))
 
     def allowance(self, num_decodes: int, decode_pairs: int) -> Allowance:
         """What the prefill chunks of a step with `num_decodes` decodes (reading `decode_pairs`
         keys in all) may take."""
-        self.recent_batches.append(num_decodes)
+        self.recent_batches.append((num_decodes, decode_pairs))
         room = self.max_tokens - num_decodes
         if self.target_itl == OFF or num_decodes == 0 or not self.model.fitted:
             return Allowance(room)
-        fixed, per_token, per_pair = self.model.coefficients()
-        decode_step = fixed + per_token * num_decodes + per_pair * decode_pairs
         if self.target_itl == AUTO:
             # When the batch shrinks, the time its streams no longer take goes to prefill instead
-            # of speeding up the streams left: they keep at least half the pace of the recent
+            # of speeding up the streams left: they keep about half the pace of the recent
             # largest batch, and the prompts behind them are not cut into crumbs.
-            batch = max(self.recent_batches)
-            target = AUTO_DECODE_FACTOR * (fixed + per_token * batch + per_pair * decode_pairs * batch / num_decodes)
+            target = AUTO_DECODE_FACTOR * self.decode_only_step(*max(self.recent_batches))
         else:
             target = self.target_itl
-        return Allowance(room, target - decode_step, per_token, per_pair)
+        _, per_token, per_pair = self.model.coefficients()
+        # A step with chunks takes chunk_bias times the line's prediction of it.
+        seconds = target / self.chunk_bias - self.model.predict(num_decodes, decode_pairs)
+        return Allowance(room, seconds, per_token, per_pair)
