@@ -39,7 +39,7 @@ from ..engine_config import AUTO, OFF
 
 # Below 2: a step aimed at the target lands within noise of it, and a stream's 99th-percentile
 # token gap should stay within twice the decode-only step.
-AUTO_DECODE_FACTOR = 1.8
+AUTO_DECODE_FACTOR = 1.7
 MIN_CHUNK = 16
 BATCH_MEMORY = 64
 # Weight of the step before each new one in the fit: about the last 20 steps count.
