@@ -114,18 +114,19 @@ def dearer_cpu(decodes: int, chunk: int) -> float:
 
 
 def run_dearer_cpu(budget: StepBudget, steps: int = 120) -> list[float]:
-    """Every fourth step decode-only, the others with what the budget allows; the step times."""
+    """64 decodes; every fourth step decode-only, the others with what the budget allows; the step
+    times."""
     times = []
     for step in range(steps):
-        chunk = 0 if step % 4 == 0 else budget.allowance(28, 0).chunk(0, ANY)
-        times.append(dearer_cpu(28, chunk))
-        budget.observe(28, 28 + chunk, 0, times[-1])
+        chunk = 0 if step % 4 == 0 else budget.allowance(64, 0).chunk(0, ANY)
+        times.append(dearer_cpu(64, chunk))
+        budget.observe(64, 64 + chunk, 0, times[-1])
     return [t for step, t in enumerate(times) if step % 4][-20:]
 
 
 def test_steps_with_chunks_dearer_than_the_line_land_on_the_target():
     chunk_steps = run_dearer_cpu(StepBudget(AUTO, 1024, fitted(28, 60, 300)))
-    target = AUTO_DECODE_FACTOR * dearer_cpu(28, 0)
+    target = AUTO_DECODE_FACTOR * dearer_cpu(64, 0)
     assert all(0.95 * target <= t <= 1.03 * target for t in chunk_steps), (target, chunk_steps)
 
 
@@ -137,7 +138,7 @@ def test_the_line_alone_overshoots_where_chunks_run_dearer():
             self.model.observe(tokens, pairs, seconds)
 
     chunk_steps = run_dearer_cpu(LineOnly(AUTO, 1024, fitted(28, 60, 300)))
-    assert min(chunk_steps) > 1.08 * AUTO_DECODE_FACTOR * dearer_cpu(28, 0)
+    assert min(chunk_steps) > 1.08 * AUTO_DECODE_FACTOR * dearer_cpu(64, 0)
 
 
 def test_auto_reads_its_reference_off_decode_only_steps_near_that_batch_and_recent():
