@@ -317,7 +317,8 @@ def short_figures(run: dict, shorts: list[str]) -> dict:
             "output_tokens": tokens, "seconds": run["seconds"], "output_tok_s": tokens / run["seconds"],
             "steps": run["steps"],
             "idle_decode_step_s": idle_decode_step([run]),
-            "decode_only_step_p50_s": percentile([t for _, t in run["decode_steps"]], 50) if run["decode_steps"] else None,
+            "decode_only_step_p50_s": (percentile([t for _, t in run["decode_steps"]], 50)
+                                       if run["decode_steps"] else None),
             "load_average": run["load_average"]}
 
 

@@ -72,9 +72,9 @@ class EngineConfig:
     max_num_batched_tokens: int | None = flag(None, "token budget of one engine step (default: 1024, or "
                                                     "--max-num-seqs where that is more)", parse=int)
     target_itl_ms: str | float = flag(
-        "auto", "while requests decode, a step carrying prompt chunks takes at most this long: auto (twice the "
-                "decode-only step, measured as the engine runs), off (token budget only), "
-                "or milliseconds")
+        "auto", "while requests decode, a step carrying prompt chunks takes at most this long: auto (a multiple "
+                "of the decode-only step at the recent largest batch, measured as the engine runs; README), off "
+                "(token budget only), or milliseconds")
     max_waiting: int = flag(1024, "queued requests before new ones are refused as overloaded")
     enable_prefix_caching: bool = flag(True, "disable reuse of cached prompt blocks", option="--no-prefix-caching")
     # A request preempted this often is no longer chosen as a victim, so it cannot livelock.

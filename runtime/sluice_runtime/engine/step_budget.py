@@ -9,8 +9,8 @@ take what keeps the step within the target inter-token latency:
 
 - auto (the default): AUTO_DECODE_FACTOR times the decode-only step at the largest batch of the
   last BATCH_MEMORY steps (as that batch was, measured where decode-only steps near its size
-  ran lately, else read off the line), so a stream's tokens come at most about half as fast as
-  that batch's while prompts prefill;
+  ran lately, else read off the line), so while prompts prefill a stream's tokens come at most
+  that many times as far apart as that batch's;
 - a number of milliseconds: that target, whatever the batch;
 - off: only the token budget (--max-num-batched-tokens), which always caps the chunks.
 
@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 
 from ..engine_config import AUTO, OFF
 
-# Below 2: a step aimed at the target lands within noise of it, and a stream's 99th-percentile
-# token gap should stay within twice the decode-only step.
+# Below 2: steps aimed at the target land within noise of it, some over, and a stream's
+# 99th-percentile token gap should stay within twice the decode-only step (README, the
+# short-under-long mix).
 AUTO_DECODE_FACTOR = 1.7
 MIN_CHUNK = 16
 BATCH_MEMORY = 64
@@ -196,7 +197,8 @@ class StepBudget:
         through all steps; the line itself when there is none."""
         line = self.model.predict(num_decodes, decode_pairs)
         recent = [batch for batch, (_, _, step) in self.decode_only.items()
-                  if self.steps - step <= DECODE_ONLY_MEMORY and abs(batch - num_decodes) <= DECODE_ONLY_NEAR * num_decodes]
+                  if self.steps - step <= DECODE_ONLY_MEMORY
+                  and abs(batch - num_decodes) <= DECODE_ONLY_NEAR * num_decodes]
         if not recent:
             return line
         batch = min(recent, key=lambda b: abs(b - num_decodes))
@@ -212,8 +214,8 @@ class StepBudget:
             return Allowance(room)
         if self.target_itl == AUTO:
             # When the batch shrinks, the time its streams no longer take goes to prefill instead
-            # of speeding up the streams left: they keep about half the pace of the recent
-            # largest batch, and the prompts behind them are not cut into crumbs.
+            # of speeding up the streams left: they keep the pace promised to the recent largest
+            # batch, and the prompts behind them are not cut into crumbs.
             target = AUTO_DECODE_FACTOR * self.decode_only_step(*max(self.recent_batches))
         else:
             target = self.target_itl
