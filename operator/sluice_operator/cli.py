@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
              "RELEASE-runtime-credential of --release-namespace, copied into every namespace served; "
              "without it runtime pods check no credential (local use)",
     )
+    run.add_argument("--helm-release", type=_dns_label, default=None,
+                     help="name of the helm release that renders the peering object, in --release-namespace: the "
+                          "operator waits up to a minute for the release's instead of creating it, then creates it "
+                          "owned by the release, for helm to adopt")
     run.add_argument("--release-namespace", type=_dns_label, default=None,
                      help="the namespace the release's operator and gateway run in (needed with --release)")
     policy = run.add_argument_group(
@@ -147,6 +151,14 @@ def _release(args: argparse.Namespace) -> "Release | None":
     return Release(args.release, args.release_namespace, network)
 
 
+def _helm_release(args: argparse.Namespace) -> tuple[str, str] | None:
+    if args.helm_release is None:
+        return None
+    if args.release_namespace is None:
+        _parser().error("--helm-release needs --release-namespace")
+    return args.helm_release, args.release_namespace
+
+
 def _engine_images(pairs: list[tuple[str, str]]) -> dict[str, str]:
     images: dict[str, str] = {}
     for engine, image in pairs:
@@ -210,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             health_port=args.health_port,
             autoscale_interval=args.autoscale_interval,
             release=release,
+            helm_release=_helm_release(args),
             gateway=gateway,
             demand_interval=args.demand_interval,
             verbose=args.verbose,

@@ -162,13 +162,22 @@ class Kube:
             {"spec": {"replicas": replicas}}, _content_type=MERGE,
         )
 
-    async def ensure_cluster_peering(self, name: str) -> None:
-        body = {"apiVersion": f"{PEERING_GROUP}/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
-        await self._call_unless(409, self.custom.create_cluster_custom_object, PEERING_GROUP, "v1",
-                                "clusterkopfpeerings", body)
+    async def ensure_peering(self, body: dict[str, Any]) -> None:
+        """Creates the peering object `body` (builders.peering) unless it exists."""
+        namespace = body["metadata"].get("namespace")
+        if namespace is None:
+            await self._call_unless(409, self.custom.create_cluster_custom_object, PEERING_GROUP, "v1",
+                                    "clusterkopfpeerings", body)
+        else:
+            await self._call_unless(409, self.custom.create_namespaced_custom_object, PEERING_GROUP, "v1",
+                                    namespace, "kopfpeerings", body)
 
-    async def ensure_namespaced_peering(self, namespace: str, name: str) -> None:
-        body = {"apiVersion": f"{PEERING_GROUP}/v1", "kind": "KopfPeering",
-                "metadata": {"name": name, "namespace": namespace}}
-        await self._call_unless(409, self.custom.create_namespaced_custom_object, PEERING_GROUP, "v1", namespace,
-                                "kopfpeerings", body)
+    async def peering_exists(self, body: dict[str, Any]) -> bool:
+        name, namespace = body["metadata"]["name"], body["metadata"].get("namespace")
+        if namespace is None:
+            found = await self._call_unless(404, self.custom.get_cluster_custom_object, PEERING_GROUP, "v1",
+                                            "clusterkopfpeerings", name)
+        else:
+            found = await self._call_unless(404, self.custom.get_namespaced_custom_object, PEERING_GROUP, "v1",
+                                            namespace, "kopfpeerings", name)
+        return found is not None

@@ -11,12 +11,17 @@ import kopf
 from . import health
 from .builders import Release
 from .builders.inference_pool import PoolDefaults
+from .builders.peering import build_peering
 from .gateway_demand import GatewayDemandReader, GatewaySource
 from .crd import GROUP
 from .handlers.credential import follow_source
 from .handlers.registration import register
 from .kube import Kube, load_config
 from .state import OperatorState
+
+
+# How long an operator of a helm release waits for the release's peering object before creating it.
+PEERING_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -29,11 +34,24 @@ class OperatorOptions:
     health_port: int  # 0: no health port
     autoscale_interval: float
     release: Release | None  # None: runtime pods check no credential
+    helm_release: tuple[str, str] | None  # (name, namespace) of the helm release that renders the peering
     gateway: GatewaySource | None  # None: no gateway's demand to read, so no model scales to zero
     demand_interval: float
     verbose: bool
     engine_images: dict[str, str] = field(default_factory=dict)  # engine → image, where a spec names none
     pool_defaults: PoolDefaults = field(default_factory=PoolDefaults)
+
+
+async def _ensure_peering(kube: Kube, body: dict[str, Any], wait: bool) -> None:
+    """Creates the peering object where it is missing; with `wait` (a helm release renders it in the
+    same install), first waits up to PEERING_WAIT_S for the release's: created here in between, it
+    made helm's own create fail."""
+    deadline = asyncio.get_running_loop().time() + PEERING_WAIT_S
+    while wait and asyncio.get_running_loop().time() < deadline:
+        if await kube.peering_exists(body):
+            return
+        await asyncio.sleep(0.5)
+    await kube.ensure_peering(body)
 
 
 def _configure(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
@@ -84,11 +102,9 @@ def run_operator(options: OperatorOptions) -> int:
         if options.release is not None:
             background.append(asyncio.create_task(follow_source(state), name="runtime-credential"))
         if options.peering:
-            if options.namespaces:
-                for namespace in options.namespaces:
-                    await state.kube.ensure_namespaced_peering(namespace, options.peering)
-            else:
-                await state.kube.ensure_cluster_peering(options.peering)
+            for namespace in options.namespaces or (None,):
+                await _ensure_peering(state.kube, build_peering(options.peering, namespace, options.helm_release),
+                                      wait=options.helm_release is not None)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_server(**_: Any) -> None:

@@ -199,3 +199,32 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
     finally:
         helm.run("uninstall", release, "--namespace", home, "--kubeconfig", cluster.kubeconfig, check=False)
         cluster.kubectl("delete", "namespace", home, watched, elsewhere, "--wait=false", check=False)
+
+
+def test_helm_install_adopts_the_peering_an_operator_created_first(cluster):
+    """An operator that waited for the release's peering object in vain creates it owned by the
+    release; the next helm install or upgrade adopts it."""
+    import uuid
+
+    from sluice_operator.builders.peering import build_peering
+
+    release = f"peer-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", release)
+    helm = Helm(cluster.bin_dir / "helm")
+    install = ("install", release, str(CHART), "--namespace", release, "--skip-crds", "--kubeconfig",
+               cluster.kubeconfig, "--set", "gateway.enabled=false",
+               "--set", f"operator.watchNamespaces={{{release}}}")
+    unowned = build_peering("sluice-operator", release, None)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(unowned))
+    refused = helm.run(*install, check=False)
+    assert refused.returncode != 0 and "invalid ownership metadata" in refused.stderr, "without it, helm cannot"
+    helm.run("uninstall", release, "--namespace", release, "--kubeconfig", cluster.kubeconfig, check=False)
+
+    owned = build_peering("sluice-operator", release, (release, release))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(owned))
+    try:
+        helm.run(*install)
+    finally:
+        helm.run("uninstall", release, "--namespace", release, "--kubeconfig", cluster.kubeconfig)
+    gone = cluster.kubectl("get", "kopfpeering", "sluice-operator", "-n", release, check=False)
+    assert gone.returncode != 0, "helm uninstall removes the adopted peering"

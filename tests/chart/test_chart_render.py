@@ -158,6 +158,7 @@ def test_operator_replicas_elect_a_leader(helm, full_objects):
     args = pod_spec(operator)["containers"][0]["args"]
     assert operator["spec"]["replicas"] == 2
     assert "--peering=sluice-operator" in args and "--standalone" not in args
+    assert "--helm-release=sluice" in args, "the peering it creates first is the release's to adopt"
     assert {"--namespace=demo", "--namespace=team-a"} <= set(args)
     assert one(full_objects, "PodDisruptionBudget", "-operator")["spec"]["minAvailable"] == 1
     refused = helm.run("template", "sluice", str(CHART), "--set", "operator.replicaCount=2",
