@@ -162,22 +162,21 @@ class Kube:
             {"spec": {"replicas": replicas}}, _content_type=MERGE,
         )
 
-    async def ensure_peering(self, body: dict[str, Any]) -> None:
-        """Creates the peering object `body` (builders.peering) unless it exists."""
+    def _peering_api(self, verb: str, body: dict[str, Any], *args: Any) -> tuple[Any, tuple[Any, ...]]:
+        """The custom-objects call `verb` (create, get) for the peering object `body`, cluster-wide or
+        namespaced as `body` is, and its leading arguments."""
         namespace = body["metadata"].get("namespace")
         if namespace is None:
-            await self._call_unless(409, self.custom.create_cluster_custom_object, PEERING_GROUP, "v1",
-                                    "clusterkopfpeerings", body)
-        else:
-            await self._call_unless(409, self.custom.create_namespaced_custom_object, PEERING_GROUP, "v1",
-                                    namespace, "kopfpeerings", body)
+            return (getattr(self.custom, f"{verb}_cluster_custom_object"),
+                    (PEERING_GROUP, "v1", "clusterkopfpeerings", *args))
+        return (getattr(self.custom, f"{verb}_namespaced_custom_object"),
+                (PEERING_GROUP, "v1", namespace, "kopfpeerings", *args))
+
+    async def ensure_peering(self, body: dict[str, Any]) -> None:
+        """Creates the peering object `body` (builders.peering) unless it exists."""
+        call, args = self._peering_api("create", body, body)
+        await self._call_unless(409, call, *args)
 
     async def peering_exists(self, body: dict[str, Any]) -> bool:
-        name, namespace = body["metadata"]["name"], body["metadata"].get("namespace")
-        if namespace is None:
-            found = await self._call_unless(404, self.custom.get_cluster_custom_object, PEERING_GROUP, "v1",
-                                            "clusterkopfpeerings", name)
-        else:
-            found = await self._call_unless(404, self.custom.get_namespaced_custom_object, PEERING_GROUP, "v1",
-                                            namespace, "kopfpeerings", name)
-        return found is not None
+        call, args = self._peering_api("get", body, body["metadata"]["name"])
+        return await self._call_unless(404, call, *args) is not None

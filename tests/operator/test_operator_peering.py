@@ -64,3 +64,19 @@ def test_outside_helm_it_creates_the_peering_at_once(kube, kube_cluster, kube_na
     started = time.monotonic()
     asyncio.run(runner._ensure_peering(kube, build_peering("sluice-operator", kube_namespace, None), wait=False))
     assert time.monotonic() - started < 5 and _peering(kube_cluster, kube_namespace) is not None
+
+
+def test_a_cluster_wide_peering_is_waited_for_and_created_alike(kube, kube_cluster, monkeypatch):
+    import uuid
+
+    monkeypatch.setattr(runner, "PEERING_WAIT_S", 1.0)
+    name = f"peering-{uuid.uuid4().hex[:6]}"
+    body = build_peering(name, None, ("sluice", "sluice"))
+    try:
+        assert not asyncio.run(kube.peering_exists(body))
+        asyncio.run(runner._ensure_peering(kube, body, wait=True))
+        assert asyncio.run(kube.peering_exists(body))
+        found = json.loads(kube_cluster.kubectl("get", "clusterkopfpeering", name, "-o", "json").stdout)
+        assert found["metadata"]["annotations"]["meta.helm.sh/release-name"] == "sluice"
+    finally:
+        kube_cluster.kubectl("delete", "clusterkopfpeering", name, check=False)

@@ -12,9 +12,10 @@ request, or a request that was there before the prompt. An offline batch or a bu
 read whole fills every step's token budget, which finishes them all soonest. A long prompt (longer
 than one step's token budget) is what the budget holds back for short requests' streams; beside
 the streams of long prompts only, it fills the token budget too, as they did in their turn, so a
-few long documents are not prefilled crumb by crumb behind each other's first tokens. When the KV cache runs
-out, the least important running sequence (least urgent, then most recent) is preempted and later
-recomputed from its tokens; so is one when a more urgent prompt waits for a place in a full batch.
+few long documents are not prefilled crumb by crumb behind each other's first tokens. When the KV
+cache runs out, the least important running sequence (least urgent, then most recent) is preempted
+and later recomputed from its tokens; so is one when a more urgent prompt waits for a place in a
+full batch.
 """
 from __future__ import annotations
 
