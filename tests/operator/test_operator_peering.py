@@ -20,8 +20,8 @@ from sluice_operator.kube import Kube
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def kube(kube_cluster, kube_namespace) -> Kube:
+@pytest.fixture(scope="module")
+def kube(kube_cluster) -> Kube:
     kube_cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     kubernetes.config.load_kube_config(config_file=str(kube_cluster.kubeconfig))
     return Kube()

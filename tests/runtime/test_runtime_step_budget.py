@@ -157,6 +157,14 @@ def test_auto_reads_its_reference_off_decode_only_steps_near_that_batch_and_rece
     assert budget.decode_only_step(28, 0) == budget.model.predict(28, 0), "a measurement that old is forgotten"
 
 
+@pytest.mark.parametrize("seconds", [1e9, 1e-9])
+def test_a_first_decode_only_step_that_was_paused_or_absurd_counts_clipped(seconds):
+    budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))
+    line = budget.model.predict(28, 0)
+    budget.observe(28, 28, 0, seconds)  # the first decode-only step at this batch
+    assert line / 2 <= budget.decode_only_step(28, 0) <= 2 * line
+
+
 def test_odd_step_times_leave_the_measured_ratios_bounded():
     budget = StepBudget(AUTO, 1024, fitted(28, 60, 300))
     for seconds in (1e-9, 1e9, math.nan, math.inf, -1.0, 0.0):

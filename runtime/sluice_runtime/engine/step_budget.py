@@ -181,12 +181,12 @@ class StepBudget:
         """A step of `tokens` rows (`num_decodes` of them decodes) took `seconds`."""
         self.steps += 1
         if self.model.fitted and tokens >= 1 and 0 < seconds < math.inf:
-            ratio = min(max(seconds / self.model.predict(tokens, pairs), 1 / OUTLIER_FACTOR), OUTLIER_FACTOR)
+            predicted = self.model.predict(tokens, pairs)
+            clipped = min(max(seconds, predicted / OUTLIER_FACTOR), OUTLIER_FACTOR * predicted)
             if tokens > num_decodes:
-                self.chunk_bias = BIAS_DECAY * self.chunk_bias + (1 - BIAS_DECAY) * ratio
+                self.chunk_bias = BIAS_DECAY * self.chunk_bias + (1 - BIAS_DECAY) * clipped / predicted
             else:
-                seconds_then, pairs_then, _ = self.decode_only.get(tokens, (seconds, pairs, 0))
-                clipped = ratio * self.model.predict(tokens, pairs)
+                seconds_then, pairs_then, _ = self.decode_only.get(tokens, (clipped, pairs, 0))
                 self.decode_only[tokens] = (BIAS_DECAY * seconds_then + (1 - BIAS_DECAY) * clipped,
                                             BIAS_DECAY * pairs_then + (1 - BIAS_DECAY) * pairs, self.steps)
         self.model.observe(tokens, pairs, seconds)
