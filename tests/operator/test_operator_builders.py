@@ -1,6 +1,7 @@
 """InferenceModel spec → Deployment, Service and PodDisruptionBudget."""
 import pytest
 
+from sluice_contracts import runtime_credential
 from sluice_operator.builders import Owner, build_all, build_deployment, selector_string
 from sluice_operator.crd import InferenceModelSpec
 
@@ -217,13 +218,21 @@ def test_runtime_pods_get_the_release_credential_as_a_whole_secret_volume():
 
 
 @pytest.mark.parametrize("args", [["--api-key-file", "/dev/null"], ["--api-key-file=/tmp/k"], ["--api-key", "/x"],
-                                  ["--seed", "1", "--ap", "/x"]])
-def test_runtime_args_cannot_replace_the_credential(args):
+                                  ["--seed", "1", "--ap", "/x"], ["--log-prompts"], ["--print-examples"],
+                                  ["--chat-template", runtime_credential.MOUNT_PATH], ["--host", "0.0.0.0"],
+                                  ["--enforce-eager", runtime_credential.MOUNT_PATH], ["--seed", "--log-prompts"],
+                                  ["--lora", "x=/var/run/sluice/runtime-credential"], ["--enforce-eager=1"]])
+def test_runtime_args_take_only_the_engines_allowed_flags(args):
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match="must not set --api-key-file"):
+    with pytest.raises(ValidationError, match="runtime.args: "):
         _spec(runtime={"args": args})
-    assert _spec(runtime={"args": ["--attention-backend", "sdpa"]})  # other flags still pass
+
+
+def test_allowed_runtime_args_follow_the_operators_own():
+    args = ["--seed", "7", "--attention-backend=torch", "--enforce-eager", "--target-itl-ms", "off"]
+    rendered = _container(build_deployment(OWNER, _spec(runtime={"args": args})))["args"]
+    assert rendered[-len(args):] == args and rendered[0] == "serve"
 
 
 @pytest.mark.parametrize("data, expected", [
@@ -318,3 +327,26 @@ def test_routing_table_config_map_is_owned_by_every_model_and_names_its_generati
     refs = cm["metadata"]["ownerReferences"]
     assert [r["uid"] for r in refs] == ["uid-a", "uid-b"] and not any(r.get("controller") for r in refs)
     assert cm["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "sluice-operator"
+
+
+# A valid value of each valued flag the sluice engine takes from runtime.args.
+_SLUICE_SAMPLES = {"--max-num-batched-tokens": "256", "--target-itl-ms": "off", "--attention-backend": "torch", "--pooling": "last",
+                   "--max-body-bytes": "4MiB", "--request-timeout": "30.5", "--stream-idle-timeout": "20"}
+
+
+def test_every_allowed_sluice_flag_is_one_the_runtime_parses():
+    """The allow-list names the runtime's own flags: a command line with each of them, as the operator builds
+    it, is taken by the runtime's parser and configs."""
+    from sluice_contracts.engine_args import ALLOWED_ARGS
+    from sluice_runtime.cli import _parser
+    from sluice_runtime.engine_config import EngineConfig
+    from sluice_runtime.server.settings import ServerSettings
+
+    args = []
+    for flag in ALLOWED_ARGS["sluice"]:
+        args += [flag.name] if flag.value is None else [flag.name, _SLUICE_SAMPLES.get(flag.name, "8")]
+    container = _container(build_deployment(OWNER, _spec(runtime={"args": args})))
+    parsed = _parser()[0].parse_args([a.replace("$(POD_IP)", "127.0.0.1") for a in container["args"]])
+    engine, server = EngineConfig.from_cli_args(parsed), ServerSettings.from_cli_args(parsed)
+    assert engine.enforce_eager and engine.pooling == "last" and engine.max_num_batched_tokens == 256
+    assert server.request_timeout == 30.5 and not server.log_prompts and server.chat_template is None

@@ -57,7 +57,8 @@ def test_the_api_server_refuses_a_field_the_engine_lacks(kube_cluster, namespace
     ({"engine": ["vllm"]}, "spec.runtime.engine: Invalid value"),
     ({"engine": "vllm", "gpuMemoryUtilization": 1.5}, "spec.runtime.gpuMemoryUtilization"),
     ({"engine": "vllm", "gpuMemoryUtilization": 0}, "spec.runtime.gpuMemoryUtilization"),
-    ({"engine": "vllm", "args": ["--api-key", "x"]}, "must not set --api-key-file or --api-key"),
+    ({"engine": "vllm", "args": ["--api-key", "x"]}, "runtime.args: '--api-key' is not allowed with engine vllm"),
+    ({"engine": "vllm", "args": ["--api-key=x"]}, "runtime.args: '--api-key=x' is not allowed with engine vllm"),
 ])
 def test_other_spellings_and_values_do_not_get_around_it(kube_cluster, namespace, runtime, fragment):
     refused = _dry_run(kube_cluster, namespace, [_model("odd", runtime)])

@@ -36,9 +36,13 @@ class StatusModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry, evaluated by the API server on admission."""
+def cel(rule: str, message: str, field_path: str | None = None,
+        message_expression: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry, evaluated by the API server on admission; `message_expression`
+    (CEL) says what is wrong in the object's own terms, `message` where it cannot be evaluated."""
     entry = {"rule": rule, "message": message}
+    if message_expression:
+        entry["messageExpression"] = message_expression
     if field_path:
         entry["fieldPath"] = field_path
     return entry

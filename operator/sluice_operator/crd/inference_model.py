@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_snake
-from sluice_contracts import runtime_flags
+from sluice_contracts import engine_args, runtime_flags
 from sluice_contracts.engines import Engine
 from sluice_contracts.model_tasks import DEFAULT_TASKS, TASKS, Task
 from sluice_contracts.runtime_flags import (BLOCK_SIZES, DTYPES, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, MAX_NUM_SEQS,
@@ -38,12 +38,6 @@ MSG_ZERO_REPLICAS = (
 )
 MSG_TP_GPUS = "tensorParallelSize above 1 needs at least that many GPUs in resources.gpus"
 MSG_ROLLOUT = "rollout.maxSurge and rollout.maxUnavailable cannot both be zero"
-# argparse takes any unambiguous prefix of a flag: '--ap' already names --api-key-file.
-CREDENTIAL_FLAG_PREFIX = "--ap"
-MSG_CREDENTIAL_ARG = (
-    "runtime.args must not set --api-key-file or --api-key (or an abbreviation of them): the operator gives every "
-    "runtime pod the release's runtime credential"
-)
 MSG_TASKS = f"capabilities.tasks must list each task at most once, from {', '.join(TASKS)}"
 # The engines' images, pinned; runtime.image or the chart (operator flag --engine-image) overrides them.
 ENGINE_IMAGES = {
@@ -62,6 +56,22 @@ ENGINE_UNSUPPORTED: dict[str, dict[str, str]] = {
 
 def msg_unsupported(engine: str, field_name: str) -> str:
     return f"runtime.{field_name} is not supported by engine {engine}: {ENGINE_UNSUPPORTED[engine][field_name]}"
+
+
+def _args_rule(engine: str) -> dict[str, str]:
+    """The API server's part of the runtime.args allow-list: each item is an allowed flag, `--flag=VALUE` or a
+    plain value. Which flags take a value, and each value's own pattern, only the operator's check (the
+    pydantic model) knows; the plain-name pattern here already keeps paths and other flags out."""
+    names = engine_args.flag_names(engine)
+    listed = "[" + ", ".join(f"'{n}'" for n in names) + "]"
+    valued = "|".join(f.name for f in engine_args.ALLOWED_ARGS[engine] if f.value is not None)
+    ok = (f"a in {listed} || a.matches('^({valued})={engine_args.NAME}$') "
+          f"|| a.matches('^{engine_args.NAME}$')")
+    sample = engine_args.refused_message(engine, "ARG")
+    before, after = sample.split("ARG")
+    return cel(f"self.engine != '{engine}' || !has(self.args) || self.args.all(a, {ok})",
+               sample.replace("'ARG'", "an item"),
+               message_expression=f'"{before}" + self.args.filter(a, !({ok}))[0] + "{after}"')
 
 
 MSG_NAME = (
@@ -197,21 +207,20 @@ class RuntimeSpec(SpecModel):
         description="How long a pod may take to load the model and warm up before it is restarted.",
     )
     args: list[str] = Field(
-        default_factory=list, max_length=64,
-        description="Extra command-line arguments appended to the engine's own (`sluice-runtime serve`, "
-                    "`vllm serve`, `python3 -m sglang.launch_server`).",
-        json_schema_extra={
-            "items": {"type": "string", "maxLength": 1024},
-            "x-kubernetes-validations": [cel(f"self.all(a, !a.startsWith('{CREDENTIAL_FLAG_PREFIX}'))",
-                                             MSG_CREDENTIAL_ARG)],
-        },
+        default_factory=list, max_length=engine_args.MAX_ARGS,
+        description="Extra engine flags appended to the operator's, from a per-engine list: "
+                    + "; ".join(f"{engine}: {', '.join(engine_args.flag_names(engine))}"
+                                for engine in engine_args.ALLOWED_ARGS)
+                    + ". Values are numbers or plain names (no paths); anything else is refused.",
+        json_schema_extra={"items": {"type": "string", "maxLength": engine_args.MAX_ARG_LENGTH}},
     )
 
     model_config = {
         "json_schema_extra": {
             "x-kubernetes-validations": [
-                cel(f"self.engine != '{engine}' || !has(self.{field_name})", msg_unsupported(engine, field_name))
-                for engine, fields in ENGINE_UNSUPPORTED.items() for field_name in fields
+                *(cel(f"self.engine != '{engine}' || !has(self.{field_name})", msg_unsupported(engine, field_name))
+                  for engine, fields in ENGINE_UNSUPPORTED.items() for field_name in fields),
+                *(_args_rule(engine) for engine in engine_args.ALLOWED_ARGS),
             ]
         }
     }
@@ -233,10 +242,17 @@ class RuntimeSpec(SpecModel):
 
     @field_validator("args")
     @classmethod
-    def _no_credential_override(cls, value: list[str]) -> list[str]:
-        if any(arg.startswith(CREDENTIAL_FLAG_PREFIX) for arg in value):
-            raise ValueError(MSG_CREDENTIAL_ARG)
+    def _no_long_items(cls, value: list[str]) -> list[str]:
+        if any(len(arg) > engine_args.MAX_ARG_LENGTH for arg in value):
+            raise ValueError(f"runtime.args: each item must be at most {engine_args.MAX_ARG_LENGTH} characters")
         return value
+
+    @model_validator(mode="after")
+    def _allowed_args(self) -> "RuntimeSpec":
+        refused = engine_args.check_args(self.engine, self.args)
+        if refused is not None:
+            raise ValueError(refused)
+        return self
 
 
 class Toleration(SpecModel):
