@@ -128,11 +128,51 @@ class Shutdown(_Strict):
 
 
 class RedisSettings(_Strict):
-    url: str = Field(description="redis://HOST:PORT/DB; several gateway replicas share limits through it.")
+    url: str = Field(description="redis://HOST:PORT/DB, or rediss:// for TLS; several gateway replicas share "
+                                 "limits through it.")
     on_failure: Literal["open", "closed"] = Field(
         default="open", description="open: admit without limits while Redis is down; closed: answer 503."
     )
     timeout_s: float = Field(default=0.5, gt=0, description="Per Redis call; past it the failure mode applies.")
+    username: str | None = Field(default=None, min_length=1, description="Redis ACL user; `default` when unset.")
+    password_file: str | None = Field(
+        default=None, min_length=1,
+        description="File holding the password Redis asks for (`requirepass` or the ACL user's), e.g. a "
+                    "mounted Secret; read at start.",
+    )
+    tls_ca_file: str | None = Field(
+        default=None, min_length=1, description="CA bundle that signs the server's certificate (rediss:// only); "
+                                                "the system's CAs when unset.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://")):
+            raise ValueError("must start with redis:// or rediss:// (TLS)")
+        return value
+
+    @model_validator(mode="after")
+    def _files_usable(self) -> "RedisSettings":
+        if self.tls_ca_file is not None:
+            if not self.url.startswith("rediss://"):
+                raise ValueError("tls_ca_file needs a rediss:// url")
+            if not Path(self.tls_ca_file).is_file():
+                raise ValueError(f"tls_ca_file {self.tls_ca_file} is not a readable file")
+        self.password()  # a missing or empty file is a config error now, not a refusal by Redis later
+        return self
+
+    def password(self) -> str | None:
+        """The password file's first line; a clear error when it cannot be read."""
+        if self.password_file is None:
+            return None
+        try:
+            lines = Path(self.password_file).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"redis.password_file {self.password_file}: {exc}") from None
+        if not lines or not lines[0]:
+            raise ValueError(f"redis.password_file {self.password_file} is empty")
+        return lines[0]
 
 
 class Routing(_Strict):

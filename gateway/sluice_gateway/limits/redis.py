@@ -17,7 +17,7 @@ import uuid
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from ..config import Limits, RedisSettings
@@ -165,8 +165,12 @@ _MAX_UNRELEASED = 10_000
 
 class RedisLimiter(Limiter):
     def __init__(self, settings: RedisSettings, lease_ttl_s: float, prefix: str = "sluice:limits") -> None:
+        tls = {"ssl_ca_certs": settings.tls_ca_file} if settings.tls_ca_file is not None else {}
         self._client = aioredis.Redis.from_url(
             settings.url,
+            username=settings.username,
+            password=settings.password(),
+            **tls,
             socket_timeout=settings.timeout_s,
             socket_connect_timeout=settings.timeout_s,
             max_connections=256,
@@ -182,6 +186,23 @@ class RedisLimiter(Limiter):
         # Releases that could not reach Redis: lease -> (keys, args, deadline on the monotonic clock).
         self._unreleased: dict[str, tuple[list[str], list, float]] = {}
         self._retrier: asyncio.Task | None = None
+        self._refused: str | None = None  # why Redis refused the gateway's credentials at the last call
+
+    def not_ready_reason(self) -> str | None:
+        """Set while Redis refuses the gateway's credentials: no retry fixes that, so the replica is not ready."""
+        return self._refused
+
+    def _note(self, exc: BaseException | None) -> None:
+        refused = isinstance(exc, AuthenticationError) or (
+            isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS")))
+        reason = (f"Redis refused the gateway's credentials ({exc}): set redis.password_file (and redis.username "
+                  "for an ACL user) to what the server expects") if refused else None
+        if reason is not None and reason != self._refused:
+            log.error("%s", reason)
+        elif reason is None and self._refused is not None and exc is None:
+            log.info("Redis accepts the gateway's credentials again")
+        if reason is not None or exc is None:
+            self._refused = reason
 
     def _keys(self, tenant: str, lease: str) -> list[str]:
         base = f"{self._prefix}:{{{tenant}}}"
@@ -200,6 +221,9 @@ class RedisLimiter(Limiter):
                                  int(self._lease_ttl_s * 1000)],
             )
         except (RedisError, OSError) as exc:
+            self._note(exc)
+            if self._refused is not None and not self._fail_open:
+                raise LimiterUnavailable("the rate-limit store refused the gateway's credentials") from None
             if isinstance(exc, (RedisTimeout, TimeoutError)):
                 # The script may have run and only its answer been lost: release the lease whatever happened.
                 self._release_later(tenant, lease, 0, tombstone=True)
@@ -207,6 +231,7 @@ class RedisLimiter(Limiter):
                 raise LimiterUnavailable(f"rate-limit store unreachable: {type(exc).__name__}") from None
             log.warning("redis unreachable, admitting tenant %s without limits (on_failure: open)", tenant)
             return Decision(grant=Grant(tenant, None, tokens, Usage()), usage=Usage(), degraded=True)
+        self._note(None)
         usage = Usage(
             rpm, (rpm or 0) - req_used, req_reset / 1000,
             tpm, (tpm or 0) - tok_used, tok_reset / 1000,
