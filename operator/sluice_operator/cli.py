@@ -53,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--engine-image", type=_engine_image, action="append", default=[], metavar="ENGINE=IMAGE",
                      help="the image of an engine (sluice, vllm, sglang) for models whose runtime.image is unset "
                           "(repeatable; default: the pinned images in the CRD's description)")
+    models = run.add_argument_group("what models may use")
+    models.add_argument("--allowed-image-prefix", type=_image_prefix, action="append", default=[], metavar="PREFIX",
+                        help="a registry prefix (host first, e.g. ghcr.io/sluice-dev/) spec.runtime.image must be "
+                             "under (repeatable); a model naming another image gets no Deployment; without any, "
+                             "every image (local use)")
+    models.add_argument("--guard-image", default=None, metavar="IMAGE",
+                        help="the image holding sluice-engine-guard (the operator's own), put in front of vLLM and "
+                             "SGLang pods that check the runtime credential (with --release)")
     pools = run.add_argument_group(
         "InferencePools", "Gateway API Inference Extension pools (inference.networking.k8s.io/v1) of runtime pods")
     pools.add_argument("--inference-pools", action="store_true",
@@ -91,6 +99,16 @@ def _engine_image(value: str) -> tuple[str, str]:
     if not equals or engine not in ENGINES or not image.strip() or len(image) > 512:
         raise argparse.ArgumentTypeError(f"{value!r} is not ENGINE=IMAGE with ENGINE one of {', '.join(ENGINES)}")
     return engine, image
+
+
+def _image_prefix(value: str) -> str:
+    from .builders.model_policy import IMAGE_PREFIX
+
+    if len(value) > 256 or not IMAGE_PREFIX.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a registry prefix: a registry host (with a dot or a port, or localhost), then "
+            f"lowercase path segments, such as ghcr.io/sluice-dev/ or docker.io/vllm/vllm-openai")
+    return value
 
 
 def _endpoint_picker(value: str) -> tuple[str, int]:
@@ -190,6 +208,14 @@ def _gateway(args: argparse.Namespace) -> "GatewaySource | None":
     return GatewaySource(args.release_namespace, selector, args.gateway_metrics_port)
 
 
+def _policy(args: argparse.Namespace) -> "ModelPolicy":
+    from .builders import ModelPolicy
+
+    if args.guard_image is not None and (not args.guard_image.strip() or len(args.guard_image) > 512):
+        _parser().error(f"--guard-image {args.guard_image!r} is not an image reference")
+    return ModelPolicy(image_prefixes=tuple(args.allowed_image_prefix), guard_image=args.guard_image)
+
+
 def _crds(out: Path, check: bool) -> int:
     rendered = render_definitions()
     stale = [name for name, text in rendered.items() if not (out / name).is_file() or (out / name).read_text() != text]
@@ -228,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             verbose=args.verbose,
             engine_images=_engine_images(args.engine_image),
             pool_defaults=_pool_defaults(args),
+            policy=_policy(args),
         )
     )
 

@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 
 from . import health
-from .builders import Release
+from .builders import ModelPolicy, Release
 from .builders.inference_pool import PoolDefaults
 from .builders.peering import build_peering
 from .gateway_demand import GatewayDemandReader, GatewaySource
@@ -40,6 +40,7 @@ class OperatorOptions:
     verbose: bool
     engine_images: dict[str, str] = field(default_factory=dict)  # engine → image, where a spec names none
     pool_defaults: PoolDefaults = field(default_factory=PoolDefaults)
+    policy: ModelPolicy = field(default_factory=ModelPolicy)  # the images and guard models get
 
 
 async def _ensure_peering(kube: Kube, body: dict[str, Any], wait: bool) -> None:
@@ -78,7 +79,7 @@ def run_operator(options: OperatorOptions) -> int:
     kube = Kube()
     state = OperatorState(kube=kube, autoscale_interval=options.autoscale_interval, release=options.release,
                           engine_images=dict(options.engine_images), pool_defaults=options.pool_defaults,
-                          demand_interval=options.demand_interval)
+                          demand_interval=options.demand_interval, policy=options.policy)
     if options.gateway is not None:
         # Read a little more often than the models ask, so each tick sees a fresh reading.
         state.gateway_demand = GatewayDemandReader(kube, options.gateway, options.demand_interval * 0.8)

@@ -7,7 +7,7 @@ from typing import Any
 from sluice_contracts.routing_table import RoutingTable
 
 from .autoscaler import DemandClock, History
-from .builders import Release
+from .builders import ModelPolicy, Release
 from .builders.inference_pool import PoolDefaults
 from .metrics import OperatorMetrics
 from .coalesce import Coalescer
@@ -54,6 +54,7 @@ class OperatorState:
     adapter_conflicts: dict[str, set[tuple[str, str]]] = field(default_factory=dict)  # by namespace, warned of
     engine_images: dict[str, str] = field(default_factory=dict)  # the release's image per engine (chart values)
     pool_defaults: PoolDefaults = field(default_factory=PoolDefaults)  # the chart's InferencePool settings
+    policy: ModelPolicy = field(default_factory=ModelPolicy)  # the images and token Secrets models may use
     pool_errors: dict[Key, str] = field(default_factory=dict)  # why a model's InferencePool could not be applied
     gateway_demand: GatewayDemandReader | None = None  # None: no gateway to read, so no model goes to zero
     demand_interval: float = 0.5

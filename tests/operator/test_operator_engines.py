@@ -86,23 +86,61 @@ def test_sluice_keeps_its_defaults_when_fields_are_unset():
 def test_probes_use_the_engines_health_endpoint(engine):
     container = _container(_spec(engine))
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+        assert container[probe]["httpGet"] == {"path": "/health", "port": 8000}
     assert container["ports"][0]["containerPort"] == 8000
 
 
-def test_the_credential_reaches_each_engine_its_own_way():
-    vllm = _container(_spec("vllm"), RELEASE)
-    (key,) = [e for e in vllm["env"] if e["name"] == "VLLM_API_KEY"]
-    assert key["valueFrom"]["secretKeyRef"] == {"name": "sluice-runtime-credential", "key": runtime_credential.SECRET_KEY}
-    assert "--api-key" not in vllm["args"] and "--api-key-file" not in vllm["args"]
-    sglang = _container(_spec("sglang"), RELEASE)
-    assert _flag(sglang["args"], "--api-key") == "$(SLUICE_RUNTIME_CREDENTIAL)"
-    assert any(e["name"] == "SLUICE_RUNTIME_CREDENTIAL" for e in sglang["env"])
-    # Without a release neither checks a key.
+GUARD_IMAGE = "ghcr.io/sluice-dev/sluice-operator:0.1.0"
+
+
+def _pod(spec, release=RELEASE, guard_image=GUARD_IMAGE):
+    deployment = next(o for o in build_all(OWNER, spec, release, guard_image=guard_image) if o["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_guarded_engine_listens_on_loopback_behind_the_engine_guard(engine):
+    from sluice_contracts import engine_guard
+
+    pod = _pod(_spec(engine))
+    runtime, guard = pod["containers"]
+    assert guard["name"] == engine_guard.CONTAINER_NAME and guard["image"] == GUARD_IMAGE
+    assert guard["command"] == [engine_guard.COMMAND, "--port", "8000", "--upstream",
+                                f"http://{engine_guard.ENGINE_HOST}:{engine_guard.ENGINE_PORT}",
+                                "--credential-file", runtime_credential.MOUNT_PATH]
+    # The serving port (the Service's named targetPort) is the guard's; the engine has none and only loopback.
+    assert guard["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}] and "ports" not in runtime
+    assert _flag(runtime["args"], "--host") == engine_guard.ENGINE_HOST
+    assert _flag(runtime["args"], "--port") == str(engine_guard.ENGINE_PORT)
+    # Only the guard holds the credential: the engine gets neither the file, a variable nor a flag.
+    (mount,) = guard["volumeMounts"]
+    assert mount["mountPath"] == runtime_credential.MOUNT_DIR and mount["readOnly"]
+    assert all(m["name"] != mount["name"] for m in runtime["volumeMounts"])
+    assert "--api-key" not in runtime["args"] and not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"]
+                                                          for e in runtime["env"])
+    # Probes reach the engine through the guard's open paths on the serving port.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert runtime[probe]["httpGet"] == {"path": "/health", "port": 8000}
+        assert probe not in guard
+    assert guard["securityContext"] == runtime["securityContext"]
+    assert guard["securityContext"]["readOnlyRootFilesystem"] and guard["securityContext"]["runAsNonRoot"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_guarded_engine_needs_the_guards_image(engine):
+    from sluice_operator.builders import NoGuardImage
+
+    with pytest.raises(NoGuardImage, match="--guard-image"):
+        _pod(_spec(engine), guard_image=None)
+
+
+def test_engines_without_a_credential_or_of_our_own_have_no_guard():
     for engine in ("vllm", "sglang"):
-        plain = _container(_spec(engine))
-        assert "--api-key" not in plain["args"] and not any("CREDENTIAL" in e["name"] or "API_KEY" in e["name"]
-                                                            for e in plain["env"])
+        (plain,) = _pod(_spec(engine), release=None)["containers"]
+        assert _flag(plain["args"], "--host") == "$(POD_IP)" and _flag(plain["args"], "--port") == "8000"
+        assert "--api-key" not in plain["args"] and not any("API_KEY" in e["name"] for e in plain["env"])
+    (sluice,) = _pod(_spec("sluice"))["containers"]
+    assert _flag(sluice["args"], "--api-key-file") == runtime_credential.MOUNT_PATH
 
 
 def test_image_comes_from_the_spec_then_the_release_then_the_pin():

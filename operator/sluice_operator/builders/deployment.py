@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from sluice_contracts import runtime_credential
+from sluice_contracts import engine_guard, runtime_credential
 
 from ..crd import ENGINE_IMAGES, RUNTIME_PORT, InferenceModelSpec
 from ..crd.adapters import Adapter
@@ -21,6 +21,8 @@ from .sluice_args import sluice_command
 from .vllm_args import vllm_command
 
 CONTAINER = "runtime"
+# The engine guard forwards requests; it holds no model, so a little CPU and memory serve it.
+GUARD_RESOURCES = {"requests": {"cpu": "100m", "memory": "96Mi"}, "limits": {"memory": "192Mi"}}
 PROBE_PERIOD_SECONDS = 10
 # Endpoint removal takes a moment to reach every gateway; the pod keeps serving until then.
 PRESTOP_SLEEP_SECONDS = 5
@@ -32,8 +34,9 @@ def drain_seconds(spec: InferenceModelSpec) -> int:
 
 
 def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str, Any]:
+    # By number: a guarded engine's container declares no port; its probes go through the guard's open paths.
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": RUNTIME_PORT},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": timeout,
@@ -77,9 +80,9 @@ def _engine_command(name: str, spec: InferenceModelSpec, mount: ModelMount,
                     credential_secret: str | None) -> EngineCommand:
     engine = spec.runtime.engine
     if engine == "vllm":
-        command = vllm_command(name, spec, mount, credential_secret)
+        command = vllm_command(name, spec, mount, credential_secret is not None)
     elif engine == "sglang":
-        command = sglang_command(name, spec, mount, credential_secret)
+        command = sglang_command(name, spec, mount, credential_secret is not None)
     else:
         command = sluice_command(name, spec, mount, drain_seconds(spec), credential_secret)
     command.env = mount.env + command.env
@@ -94,7 +97,7 @@ def _container(spec: InferenceModelSpec, image: str, command: EngineCommand, env
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": command.command,
         "args": command.args,
-        "ports": [{"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}],
+        **({} if command.guarded else {"ports": [_serving_port()]}),
         "env": env,
         "resources": _resources(spec),
         "volumeMounts": mounts,
@@ -109,9 +112,33 @@ def _container(spec: InferenceModelSpec, image: str, command: EngineCommand, env
     }
 
 
-def _pod_spec(spec: InferenceModelSpec, container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+def _serving_port() -> dict[str, Any]:
+    return {"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}
+
+
+def _guard_container(image: str, pull_policy: str, credential_mount: dict[str, Any]) -> dict[str, Any]:
+    """The engine guard (sluice_contracts.engine_guard) on the serving port, in front of an engine on loopback;
+    it alone mounts the runtime credential."""
+    return {
+        "name": engine_guard.CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": [engine_guard.COMMAND, "--port", str(RUNTIME_PORT),
+                    "--upstream", f"http://{engine_guard.ENGINE_HOST}:{engine_guard.ENGINE_PORT}",
+                    "--credential-file", runtime_credential.MOUNT_PATH],
+        "ports": [_serving_port()],
+        "resources": GUARD_RESOURCES,
+        "volumeMounts": [credential_mount],
+        # It keeps forwarding while the gateways drop the endpoint, as the engine keeps serving.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        "securityContext": container_security_context(),
+    }
+
+
+def _pod_spec(spec: InferenceModelSpec, containers: list[dict[str, Any]],
+              volumes: list[dict[str, Any]]) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
-        "containers": [container],
+        "containers": containers,
         "volumes": volumes,
         "terminationGracePeriodSeconds": spec.rollout.termination_grace_period_seconds,
         "enableServiceLinks": False,
@@ -125,11 +152,16 @@ def _pod_spec(spec: InferenceModelSpec, container: dict[str, Any], volumes: list
     return pod_spec
 
 
+class NoGuardImage(ValueError):
+    """A vLLM or SGLang pod that checks the credential needs the engine guard, whose image was not given."""
+
+
 def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None = None,
-                     images: Mapping[str, str] | None = None, start: list[Adapter] | None = None) -> dict[str, Any]:
+                     images: Mapping[str, str] | None = None, start: list[Adapter] | None = None,
+                     guard_image: str | None = None) -> dict[str, Any]:
     """`credential_secret`: the release's runtime credential (none: the runtime checks no credential);
     `images`: the release's image per engine, where the spec names none; `start`: the adapters the pods start
-    with (the spec's when None)."""
+    with (the spec's when None); `guard_image`: the engine guard's, for vLLM and SGLang pods with a credential."""
     start = list(spec.adapters or []) if start is None else start
     mount = model_mount(spec)
     volumes, mounts = writable_volumes()
@@ -140,10 +172,17 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
     mounts += claim_mounts
     command = _engine_command(owner.name, spec, mount, credential_secret)
     lora_command(spec, start, command)
-    if command.credential_file:
+    sidecars = []
+    if command.credential_file or command.guarded:
         volume, volume_mount = _credential_volume(credential_secret)
         volumes.append(volume)
-        mounts.append(volume_mount)
+        if command.credential_file:
+            mounts.append(volume_mount)
+        else:
+            if guard_image is None:
+                raise NoGuardImage(f"engine {spec.runtime.engine} checks the runtime credential through the engine "
+                                   f"guard, and the operator was given no --guard-image")
+            sidecars.append(_guard_container(guard_image, spec.runtime.image_pull_policy, volume_mount))
     if spec.tensor_parallel_size > 1:
         # Tensor-parallel workers exchange activations through shared memory.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -155,7 +194,7 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
         *command.env,
     ]
     container = _container(spec, engine_image(spec, images), command, env, mounts)
-    pod_spec = _pod_spec(spec, container, volumes)
+    pod_spec = _pod_spec(spec, [container, *sidecars], volumes)
     template = {
         "metadata": {
             # Ours last: a user label cannot detach the pods from their selector.
@@ -192,13 +231,14 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
 
 
 def build_deployment_for(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None,
-                         existing: dict[str, Any] | None, images: Mapping[str, str] | None = None) -> dict[str, Any]:
+                         existing: dict[str, Any] | None, images: Mapping[str, str] | None = None,
+                         guard_image: str | None = None) -> dict[str, Any]:
     """The Deployment to apply over `existing`: when only the adapter list changed, the same template (pinned
     start list, no rollout: the running pods load and unload adapters through the runtime's API); else a
     template that starts with the spec's list."""
     pinned = pinned_start(existing)
     if pinned is not None and spec.adapters is not None:
-        kept = build_deployment(owner, spec, credential_secret, images, start=pinned)
+        kept = build_deployment(owner, spec, credential_secret, images, start=pinned, guard_image=guard_image)
         if recorded_digest(kept) == recorded_digest(existing):
             return kept
-    return build_deployment(owner, spec, credential_secret, images)
+    return build_deployment(owner, spec, credential_secret, images, guard_image=guard_image)

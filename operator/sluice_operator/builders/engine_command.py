@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice_contracts import runtime_credential
+from sluice_contracts import engine_guard
 
-# The container variable holding the credential, for engines that take it as a value rather than a file.
-CREDENTIAL_ENV = "SLUICE_RUNTIME_CREDENTIAL"
+from ..crd import RUNTIME_PORT
 
 
 @dataclass
@@ -18,11 +17,14 @@ class EngineCommand:
     ready_path: str  # the startup and readiness probes'
     live_path: str = "/health"
     env: list[dict[str, Any]] = field(default_factory=list)
-    # The credential as a file on a Secret volume (rotations reach the running server) rather than a variable.
+    # The engine reads the runtime credential from its file on a Secret volume (rotations reach the running
+    # server): Sluice's runtime.
     credential_file: bool = False
+    # The engine listens on loopback and the engine guard, which checks the credential, on the serving port.
+    guarded: bool = False
 
 
-def credential_env(secret: str, name: str = CREDENTIAL_ENV) -> dict[str, Any]:
-    """The credential as a variable: read at start, so a rotation reaches these pods with their next restart."""
-    return {"name": name,
-            "valueFrom": {"secretKeyRef": {"name": secret, "key": runtime_credential.SECRET_KEY}}}
+def listen_address(guarded: bool) -> tuple[str, int]:
+    """Where the engine listens: behind the guard, loopback only; else the pod's own address (downward API),
+    where probes and the gateway reach it."""
+    return (engine_guard.ENGINE_HOST, engine_guard.ENGINE_PORT) if guarded else ("$(POD_IP)", RUNTIME_PORT)

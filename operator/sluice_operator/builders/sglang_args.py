@@ -5,23 +5,25 @@ commit 001067ff; the ones used here have kept their names since 0.4: `--model-pa
 `--revision`, `--dtype` (auto, half, float16, bfloat16, float, float32), `--context-length`,
 `--max-running-requests`, `--page-size`, `--disable-radix-cache` (its prefix cache), `--mem-fraction-static`,
 `--tp-size`, `--host`, `--port`, `--api-key`, and `--enable-metrics`, without which it serves no /metrics.
-It has no flag for a KV-cache size in bytes (the CRD refuses runtime.kvCacheMemory for it). `--api-key` takes
-the key as a value: the credential comes from a variable, expanded into the argument by the kubelet.
+It has no flag for a KV-cache size in bytes (the CRD refuses runtime.kvCacheMemory for it). Its `--api-key`
+leaves paths open as vLLM's does, so a pod that checks the runtime credential runs it on loopback behind the
+engine guard, without a key of its own.
 """
 from __future__ import annotations
 
-from ..crd import RUNTIME_PORT, InferenceModelSpec
-from .engine_command import CREDENTIAL_ENV, EngineCommand, credential_env
+from ..crd import InferenceModelSpec
+from .engine_command import EngineCommand, listen_address
 from .model_mount import ModelMount
 
 
 def sglang_command(name: str, spec: InferenceModelSpec, mount: ModelMount,
-                   credential_secret: str | None) -> EngineCommand:
+                   guarded: bool) -> EngineCommand:
     rt = spec.runtime
+    host, port = listen_address(guarded)
     args = [
         "--model-path", mount.hub_arg,
-        "--host", "$(POD_IP)",
-        "--port", str(RUNTIME_PORT),
+        "--host", host,
+        "--port", str(port),
         "--served-model-name", spec.served_name(name),
         "--context-length", str(rt.max_model_len),
         "--max-running-requests", str(rt.max_num_seqs),
@@ -39,8 +41,5 @@ def sglang_command(name: str, spec: InferenceModelSpec, mount: ModelMount,
     if not rt.prefix_caching:
         args.append("--disable-radix-cache")
     args += list(rt.args)
-    env = []
-    if credential_secret is not None:
-        env.append(credential_env(credential_secret))
-        args += ["--api-key", f"$({CREDENTIAL_ENV})"]
-    return EngineCommand(command=["python3", "-m", "sglang.launch_server"], args=args, ready_path="/health", env=env)
+    return EngineCommand(command=["python3", "-m", "sglang.launch_server"], args=args, ready_path="/health",
+                         guarded=guarded)

@@ -22,6 +22,11 @@ EMBEDDED_MODEL = "smollm2"
 HF_SOURCE = re.compile(r"^hf:[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+$")
 PVC_SOURCE = re.compile(r"^pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?/.+$")
 KV_CACHE_PATTERN = r"^[1-9][0-9]*(Ki|Mi|Gi|Ti)$"
+# An image reference as the kubelet takes it: lowercase path components without '.' or '..' of their own, then a
+# tag and a digest, each optional. The release's prefixes (builders/model_policy) then apply to it.
+_COMPONENT = r"[a-z0-9]([a-z0-9._-]*[a-z0-9])?"
+IMAGE_REFERENCE = (rf"^{_COMPONENT}(:[0-9]+)?(/{_COMPONENT})*(:[A-Za-z0-9_][A-Za-z0-9._-]{{0,127}})?"
+                   r"(@sha256:[a-f0-9]{64})?$")
 
 # Messages shared by the CEL rules (API server) and the pydantic validators (operator, tests).
 MSG_SOURCE = "model.source must be 'smollm2', 'hf:ORG/NAME' or 'pvc://CLAIM/PATH'"
@@ -42,7 +47,7 @@ MSG_TASKS = f"capabilities.tasks must list each task at most once, from {', '.jo
 # The engines' images, pinned; runtime.image or the chart (operator flag --engine-image) overrides them.
 ENGINE_IMAGES = {
     "sluice": "ghcr.io/sluice-dev/sluice-runtime:0.1.0",
-    "vllm": "vllm/vllm-openai:v0.11.0",
+    "vllm": "vllm/vllm-openai:v0.24.0",
     "sglang": "lmsysorg/sglang:v0.5.4",
 }
 # What the sluice engine runs with where the spec leaves a field unset (vLLM and SGLang: their own defaults).
@@ -163,7 +168,7 @@ class RuntimeSpec(SpecModel):
                     "or 'sglang' (SGLang's server). The gateway, limits, canaries and autoscaling work the same.",
     )
     image: str | None = Field(
-        default=None, max_length=512,
+        default=None, min_length=1, max_length=512, pattern=IMAGE_REFERENCE,
         description="Container image; unset: the release's image for the engine (defaults: "
                     + ", ".join(f"{engine} {image}" for engine, image in ENGINE_IMAGES.items()) + ").",
     )

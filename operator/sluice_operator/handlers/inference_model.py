@@ -12,7 +12,8 @@ import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from ..builders import Owner, build_all, conflict_message, foreign
+from ..builders import (NoGuardImage, Owner, build_all, conflict_message, foreign, image_allowed, image_refusal,
+                        token_secret_refusal)
 from ..crd import InferenceModel, InferenceModelSpec
 from ..state import OperatorState
 from . import inference_pool, release_objects
@@ -27,6 +28,7 @@ def _api_message(exc: ApiException) -> str:
 
 
 # A conflict ends when someone removes the foreign object, which brings no event to the model: look again.
+# The same for a token Secret that is missing or not open to models yet.
 CONFLICT_RETRY_SECONDS = 15
 
 
@@ -52,12 +54,31 @@ async def reconcile(state: OperatorState, body: dict[str, Any], reason: str) -> 
         await _report(state, body, key, "InvalidSpec", message, "invalid_spec")
         raise kopf.PermanentError(message) from None
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"], generation=meta.get("generation", 1))
+    prefixes = state.policy.image_prefixes
+    if prefixes and spec.runtime.image is not None and not image_allowed(spec.runtime.image, prefixes):
+        message = image_refusal(spec.runtime.image, prefixes)
+        await _report(state, body, key, "ImageNotAllowed", message, "refused")
+        raise kopf.PermanentError(message)
+    token = spec.model.token_secret
+    if token is not None:
+        # Read by name, as the pod would; only its labels and keys are looked at.
+        try:
+            refusal = token_secret_refusal(await state.kube.read("Secret", namespace, token.name), token.name, token.key)
+        except ApiException as exc:
+            refusal = f"model.tokenSecret: cannot read Secret {token.name!r}: {_api_message(exc)}"
+        if refusal is not None:
+            await _report(state, body, key, "TokenSecretNotAllowed", refusal, "refused")
+            raise kopf.TemporaryError(refusal, delay=CONFLICT_RETRY_SECONDS)
     if state.release is not None and state.credential is None:
         raise kopf.TemporaryError("waiting for the runtime credential", delay=2)
     in_the_way = await release_objects.sync(state, namespace, await state.kube.list_custom(InferenceModel.plural, namespace),
                                             always=True)
     deployment = await state.kube.read("Deployment", namespace, name)
-    manifests = build_all(owner, spec, state.release, deployment=deployment)
+    try:
+        manifests = build_all(owner, spec, state.release, state.engine_images, deployment, state.policy.guard_image)
+    except NoGuardImage as exc:
+        await _report(state, body, key, "NoEngineGuard", str(exc), "refused")
+        raise kopf.PermanentError(str(exc)) from None
     existing = [deployment if m["kind"] == "Deployment" else await state.kube.read(m["kind"], namespace, name)
                 for m in manifests]
     in_the_way += foreign(manifests, existing, owner.uid)
