@@ -98,3 +98,11 @@ def test_a_token_secret_must_opt_in_and_hold_the_key(secret, fragment):
 
 def test_an_opted_in_token_secret_is_taken():
     assert token_secret_refusal(_secret({TOKEN_SECRET_LABEL: "true"}, TOKEN), "hf", "HF_TOKEN") is None
+
+
+@pytest.mark.parametrize("source", ["file:///devices/sql", "file:///opt/adapters/sql", "file:///process/x",
+                                    "file:///srv/run/sql", "file:///var/lib/adapters/sql", "file:///system/a"])
+def test_adapter_paths_that_only_look_like_a_refused_root_are_taken(source):
+    from sluice_operator.crd.adapters import Adapter
+
+    assert Adapter.model_validate({"name": "sql", "source": source}).parsed().path == source[len("file://"):]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator
+from sluice_contracts import runtime_credential
 from sluice_contracts.runtime_flags import MAX_LORA_RANK
 
 from .base import SpecModel, StatusModel, cel
@@ -22,6 +23,14 @@ MSG_ADAPTER_SOURCE = (
     "adapters[].source must be 'pvc://CLAIM/PATH' (a PEFT directory on a PersistentVolumeClaim, mounted read-only) "
     "or 'file:///PATH' (a PEFT directory in the runtime's own file system), without '.' or '..' segments"
 )
+# Kernel and runtime-state file systems, where Kubernetes also mounts Secrets (the runtime credential, the
+# service account): no adapter lives there, and reading one could hang on a device or hand its bytes to the
+# adapter loader. A link elsewhere pointing in is the runtime's reader's to refuse.
+FILE_SOURCE_DENIED_ROOTS = tuple(dict.fromkeys(("/dev", "/proc", "/sys", "/run", "/var/run",
+                                                runtime_credential.MOUNT_DIR)))
+_DENIED = re.compile("^file://(" + "|".join(FILE_SOURCE_DENIED_ROOTS) + ")(/|$)")
+MSG_ADAPTER_ROOT = ("adapters[].source: a 'file://' path may not be under "
+                    + ", ".join(FILE_SOURCE_DENIED_ROOTS) + " (kernel and runtime-state file systems, mounted Secrets)")
 MSG_ADAPTER_NAME = "adapters[].name must be a DNS label: at most 63 lowercase letters, digits or '-'"
 MSG_ADAPTER_COUNT = "adapters may list at most runtime.maxLoras adapters"
 MSG_ADAPTER_RANK = "an adapter's rank must not be above runtime.maxLoraRank"
@@ -54,7 +63,8 @@ class Adapter(SpecModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(f"self.matches('{ADAPTER_PVC_SOURCE.pattern}') || self.matches('{ADAPTER_FILE_SOURCE.pattern}')",
-                    MSG_ADAPTER_SOURCE)
+                    MSG_ADAPTER_SOURCE),
+                cel(f"!self.matches('{_DENIED.pattern}')", MSG_ADAPTER_ROOT),
             ]
         },
     )
@@ -68,6 +78,8 @@ class Adapter(SpecModel):
     def _known_scheme(cls, value: str) -> str:
         if not ADAPTER_PVC_SOURCE.match(value) and not ADAPTER_FILE_SOURCE.match(value):
             raise ValueError(MSG_ADAPTER_SOURCE)
+        if _DENIED.match(value):
+            raise ValueError(MSG_ADAPTER_ROOT)
         return value
 
     def parsed(self) -> AdapterSource:
