@@ -5,7 +5,8 @@ adapters each endpoint has loaded from the operator's adapter sync) and write th
 
 A model's LoRA adapters are public names of their own: one route each, whose backend lists the model's endpoints
 that have the adapter loaded. A name is served once: a model's own name first, then its adapters (models in name
-order); an adapter whose name is taken is left out, and `Compiled.adapter_conflicts` says why.
+order), then ModelRoutes; an adapter whose name is taken is left out, and `Compiled.adapter_conflicts` says why,
+and a ModelRoute whose name is taken gets the verdict NameConflict (the model keeps its route).
 """
 from __future__ import annotations
 
@@ -95,6 +96,15 @@ def compile_routes(
     owners: dict[str, str] = {}
     pending_fallbacks: dict[str, tuple[str, list[str]]] = {}
     for route_name, spec in sorted(routes.items()):
+        holder = (f"InferenceModel {spec.model!r}'s own name" if spec.model in models
+                  else f"the adapter {spec.model!r} of InferenceModel {adapter_owner[spec.model]!r}"
+                  if spec.model in adapter_owner else None)
+        if holder is not None:
+            verdicts[route_name] = RouteVerdict(
+                False, "NameConflict",
+                f"public model name {spec.model!r} is {holder}, which keeps it; give the route another name", 0, 0,
+            )
+            continue
         if spec.model in owners:
             verdicts[route_name] = RouteVerdict(
                 False, "NameConflict",

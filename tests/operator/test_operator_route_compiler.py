@@ -114,3 +114,21 @@ def test_routes_carry_each_backends_engine():
     models = {"a": _model(runtime={"engine": "vllm"}), "b": _model(runtime={"engine": "sglang"}), "c": _model()}
     table = compile_routes(models, {}, {}).table
     assert [table.route(n).backends[0].engine for n in "abc"] == ["vllm", "sglang", "sluice"]
+
+
+def test_a_route_cannot_take_a_models_or_an_adapters_own_name():
+    models = {"v1": _model(), "v2": _model(adapters=[{"name": "sql", "source": "file:///adapters/sql"}])}
+    endpoints = {"v1": ["http://10.0.0.1:8000"], "v2": ["http://10.0.0.2:8000"]}
+    routes = {"steal-model": _route("v1", [{"inferenceModel": "v2"}]),
+              "steal-adapter": _route("sql", [{"inferenceModel": "v1"}]),
+              "fine": _route("chat", [{"inferenceModel": "v2"}], fallbacks=["v1"])}
+    compiled = compile_routes(models, routes, endpoints, loaded={"v2": {"http://10.0.0.2:8000": frozenset({"sql"})}})
+    table = parse_routing_table(compiled.table.to_json())
+    # Each name keeps its own route: the model's, the adapter's.
+    assert [b.name for b in table.route("v1").backends] == ["v1"]
+    assert [(b.name, b.adapter) for b in table.route("sql").backends] == [("v2", "sql")]
+    model, adapter = compiled.verdicts["steal-model"], compiled.verdicts["steal-adapter"]
+    assert not model.ready and model.reason == "NameConflict" and "InferenceModel 'v1'" in model.message
+    assert not adapter.ready and adapter.reason == "NameConflict" and "adapter 'sql' of InferenceModel 'v2'" in adapter.message
+    # A route of its own name may still fall back to a model's.
+    assert compiled.verdicts["fine"].ready and table.route("chat").fallbacks == ("v1",)
