@@ -38,7 +38,7 @@ from .metrics import GatewayMetrics
 from .picker import Picker
 from .priority_hold import PriorityHold
 from .plain_endpoints import GET_ROUTES
-from .request import parse_request
+from .request import parse_request_off_loop
 from .request_context import RequestContext
 from .relay import error_event
 from .routing_table import max_model_len, reachable, starting_models
@@ -241,10 +241,11 @@ class GatewayApp:
         """Auth, body, parse, then admission; then held while the model has no endpoint, picked and forwarded."""
         ctx.principal = require_principal(self.keys, headers)
         body = await read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
-        parsed = ctx.parsed = parse_request(body, kind=ctx.kind, prefix_chars=self.config.routing.prefix_chars)
+        parsed = ctx.parsed = await parse_request_off_loop(body, kind=ctx.kind,
+                                                           prefix_chars=self.config.routing.prefix_chars)
         table = self.table
-        ctx.outcome.route = parsed.model
         routes = await self._admit(ctx, table)
+        ctx.outcome.route = parsed.model  # a route of the table from here on: a label value, never client input
         # The tenant's priority goes upstream in headers (forwarder.py); a client's own is not passed on.
         parsed.payload.pop("priority", None)
         ctx.strip_usage = parsed.stream and not parsed.client_wants_usage

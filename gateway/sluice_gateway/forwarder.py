@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from itertools import islice
 
-from sluice_contracts import request_priority, runtime_credential
+from sluice_contracts import prompt_reservation, request_priority, runtime_credential
 
 from .config import Timeouts
 from .connection_pool import ConnectionPool, UpstreamError, UpstreamResponse
@@ -26,6 +26,7 @@ from .errors import GatewayError
 from .metrics import GatewayMetrics
 from .picker import Attempt, Picker
 from .relay import ResponseRelay, Send, upstream_message
+from .request import ParsedRequest, off_loop_if_large
 from .request_context import RequestContext
 from .upstream_credential import UpstreamCredential
 
@@ -84,7 +85,7 @@ class Forwarder:
         outcome.route, outcome.backend, outcome.endpoint = attempt.route, attempt.backend.name, attempt.endpoint.url
         outcome.adapter = attempt.backend.adapter
         ctx.parsed.payload["model"] = attempt.backend.served_model_name
-        body = json.dumps(ctx.parsed.payload, separators=(",", ":")).encode()
+        body = await _serialised(ctx.parsed)
         if outcome.attempts == 1:
             outcome.overhead_s = time.perf_counter() - ctx.started
         sent_at = time.perf_counter()
@@ -111,6 +112,8 @@ class Forwarder:
             request_priority.PRIORITY_HEADER: str(rank.number),
             request_priority.TENANT_HEADER: request_priority.tenant_value(ctx.principal.tenant),
             request_priority.SHARE_HEADER: request_priority.share_value(rank.share),
+            # What the tenant was charged for; the runtime refuses a prompt that turns out longer.
+            prompt_reservation.HEADER: prompt_reservation.header_value(ctx.parsed.reserved_prompt_tokens),
         }
         if credential is not None:
             headers[runtime_credential.HEADER] = credential
@@ -162,6 +165,14 @@ class Forwarder:
     def _failed(self, attempt: Attempt, kind: str) -> None:
         self._picker.report_failure(attempt.endpoint)
         self._metrics.upstream_errors.labels(attempt.backend.name, kind).inc()
+
+
+async def _serialised(parsed: ParsedRequest) -> bytes:
+    """The body as sent upstream; a large one is written in the worker thread that parsed it."""
+    def dump() -> bytes:
+        return json.dumps(parsed.payload, separators=(",", ":")).encode()
+
+    return await off_loop_if_large(parsed, dump)
 
 
 def _nothing_answered(attempts: int) -> GatewayError:

@@ -4,18 +4,30 @@ The fields that decide what a request costs (max tokens under both names, n, the
 are read by `sluice_contracts.request_cost`, the reading the runtime generates from, never here.
 
 The gateway cannot tokenize, so it brackets each prompt's length in tokens instead of guessing it:
-- `upper`: one token per UTF-8 byte of text (no tokenizer makes a token of less than a byte; byte-fallback
-  vocabularies spend up to one per byte), plus the chat template's framing; what reservations use.
-- `lower`: one token per `MAX_CHARS_PER_TOKEN` characters; what context-length refusals use, so the
-  gateway refuses only a prompt that cannot fit whatever the tokenizer.
-Token-id prompts are counted exactly. The runtime counts exactly in any case and the limiter settles with it.
+- `upper`: what reservations use. One token per UTF-8 byte of every string the body carries, keys included
+  (no tokenizer makes a token of less than a byte), whichever field it is in, except the fields that never
+  reach a prompt (`NOT_PROMPT_FIELDS`, and top-level numbers, booleans and nulls); plus `TEMPLATE_TOKENS_PER_ELEMENT` for every array element and object
+  member (what a template writes around and between them), and for a chat request
+  `TEMPLATE_TOKENS_PER_MESSAGE` per message and `TEMPLATE_TOKENS_PER_CHAT` once (role markers, a default
+  system prompt, the tools' preamble). Counting everything but the known settings closes the class: a field
+  the gateway has never heard of is counted too. For a list of prompts each prompt counts its own text, and
+  every other counted string of the body as well.
+- `lower`: one token per `MAX_CHARS_PER_TOKEN` characters of the text certainly in the prompt; what
+  context-length refusals use, so the gateway refuses only a prompt that cannot fit whatever the tokenizer.
+Token-id prompts are counted exactly. The gateway sends `upper` to the runtime in the header of
+`sluice_contracts.prompt_reservation`, and the runtime refuses a prompt whose real token count exceeds it.
+
+A body is also bounded in its number of elements (`MAX_BODY_ELEMENTS`), and one larger than
+`OFF_LOOP_BYTES` is parsed and measured in a worker thread, so a heavy body does not stall the event loop.
 """
 from __future__ import annotations
 
-import json
+import asyncio
 import math
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic_core
 
@@ -27,14 +39,29 @@ from .errors import GatewayError
 
 # Longer than any vocabulary entry we know of (SmolLM2's longest is 81 characters of whitespace).
 MAX_CHARS_PER_TOKEN = 256
-# Chat templates wrap each message in a few tokens (role markers, separators); an allowance, settled later.
-_TEMPLATE_TOKENS_PER_MESSAGE = 8
+# Top-level settings the runtime reads as parameters, never as prompt text: their strings are not counted.
+NOT_PROMPT_FIELDS = frozenset({"model", "user", "stop", "stream_options", "priority", "service_tier"})
+# What a template writes around each array element and object member (separators, quotes, a newline).
+TEMPLATE_TOKENS_PER_ELEMENT = 4
+# Role markers around each chat message.
+TEMPLATE_TOKENS_PER_MESSAGE = 8
+# Once per chat request: a template's default system prompt, the runtime's preamble for tools.
+TEMPLATE_TOKENS_PER_CHAT = 160
+# Array elements and object members in one body, nested ones included: far above any real request (2,048
+# embedding inputs, a long prompt as token ids), far below what takes the gateway long to walk.
+MAX_BODY_ELEMENTS = 1 << 19
+# Bodies above this are parsed, walked and measured in a worker thread (the runtime's threshold too).
+OFF_LOOP_BYTES = 64 << 10
+
+T = TypeVar("T")
+# One thread: heavy bodies wait for each other, never for the event loop, and never take every core.
+_parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-body")
 
 
 @dataclass(frozen=True, slots=True)
 class PromptSize:
     lower: int  # the prompt has at least this many tokens
-    upper: int  # and, template framing aside, at most this many
+    upper: int  # and at most this many
 
 
 @dataclass(slots=True)
@@ -49,6 +76,28 @@ class ParsedRequest:
     # query, then each document), else one
     prompt_param: str  # the field holding the prompt, for error messages
     prefix: bytes
+    body_bytes: int  # as the client sent it
+
+    @property
+    def reserved_prompt_tokens(self) -> int:
+        """The prompt tokens the reservation covers, all prompts together (what the runtime verifies)."""
+        return sum(prompt.upper for prompt in self.prompts)
+
+
+async def parse_request_off_loop(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest:
+    """`parse_request`, in the worker thread for a large body."""
+    return await _off_loop(len(body), lambda: parse_request(body, kind=kind, prefix_chars=prefix_chars))
+
+
+async def off_loop_if_large(parsed: ParsedRequest, work: Callable[[], T]) -> T:
+    """`work()` on the worker thread when it handles a large body (writing it out again, say)."""
+    return await _off_loop(parsed.body_bytes, work)
+
+
+async def _off_loop(size: int, work: Callable[[], T]) -> T:
+    if size <= OFF_LOOP_BYTES:
+        return work()
+    return await asyncio.get_running_loop().run_in_executor(_parser, work)
 
 
 def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest:
@@ -61,23 +110,26 @@ def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest
     options = payload.get("stream_options")
     client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
     if kind == "chat":
-        texts, prompts = _chat_prompt(payload)
         prompt_param = "messages"
+        texts, prompts = _chat_prompt(payload)
     elif kind == "rerank":
-        texts, prompts = _rerank_prompts(payload)
         prompt_param = "documents"
+        texts, prompts = _rerank_prompts(payload, _extra_tokens(payload, ("query", "documents")))
     else:
         prompt_param = "prompt" if kind == "completion" else "input"
-        texts, prompts = _listed_prompts(payload.get(prompt_param), prompt_param)
+        texts, prompts = _listed_prompts(payload.get(prompt_param), prompt_param,
+                                         _extra_tokens(payload, (prompt_param,)))
     try:
         cost = read_request_cost(payload, kind)  # type: ignore[arg-type]
     except InvalidCostField as exc:
         raise GatewayError(400, str(exc), param=exc.param, code="invalid_value") from None
     prefix = "\x1e".join(texts)[:prefix_chars].encode()
-    return ParsedRequest(kind, payload, model, stream, client_wants_usage, cost, tuple(prompts), prompt_param, prefix)
+    return ParsedRequest(kind, payload, model, stream, client_wants_usage, cost, tuple(prompts), prompt_param, prefix,
+                         len(body))
 
 
 _TOO_DEEP = f"it is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays and objects)"
+_TOO_MANY = f"it has more than {MAX_BODY_ELEMENTS} array elements and object members"
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -90,26 +142,53 @@ def _json_object(body: bytes) -> dict[str, Any]:
         raise GatewayError(400, f"request body is not valid JSON: {reason}", code="invalid_json") from None
     if not isinstance(payload, dict):
         raise GatewayError(400, "request body must be a JSON object", code="invalid_json")
-    # A body with fewer brackets than the limit cannot nest past it, and is not walked.
-    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and _nesting_exceeds(payload, MAX_JSON_DEPTH):
-        raise GatewayError(400, f"request body is not valid JSON: {_TOO_DEEP}", code="invalid_json")
+    _check_shape(payload)
     return payload
 
 
-def _nesting_exceeds(value: Any, limit: int) -> bool:
-    """Whether arrays and objects nest more than `limit` levels deep (the top one the first); no recursion."""
-    stack = [(value, 1)]
+def _check_shape(payload: dict[str, Any]) -> None:
+    """Nesting at most MAX_JSON_DEPTH levels (the top object the first), at most MAX_BODY_ELEMENTS elements."""
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    elements = 0
     while stack:
         item, depth = stack.pop()
-        if depth > limit:
-            return True
+        if depth > MAX_JSON_DEPTH:
+            raise GatewayError(400, f"request body is not valid JSON: {_TOO_DEEP}", code="invalid_json")
         children = item.values() if isinstance(item, dict) else item
+        elements += len(item)
+        if elements > MAX_BODY_ELEMENTS:
+            raise GatewayError(400, f"request body is too large: {_TOO_MANY}", code="invalid_json")
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
 
 
-def _text_size(text: str, framing: int = 0) -> PromptSize:
-    return PromptSize(math.ceil(len(text) / MAX_CHARS_PER_TOKEN), len(text.encode()) + framing)
+def _tokens_at_most(value: Any) -> int:
+    """The upper bound of what `value` can add to a prompt: its strings' UTF-8 bytes (keys included) and the
+    per-element allowance; no recursion (the shape was checked)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += _utf8_bytes(item)
+        elif isinstance(item, dict):
+            total += TEMPLATE_TOKENS_PER_ELEMENT * len(item)
+            for key, child in item.items():
+                total += _utf8_bytes(key)
+                stack.append(child)
+        elif isinstance(item, list):
+            total += TEMPLATE_TOKENS_PER_ELEMENT * len(item)
+            stack.extend(item)
+    return total
+
+
+def _utf8_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
+
+
+def _extra_tokens(payload: dict[str, Any], prompt_fields: tuple[str, ...]) -> int:
+    """What every field except the prompt's own and the settings may add to each prompt."""
+    skipped = NOT_PROMPT_FIELDS.union(prompt_fields)
+    return sum(_utf8_bytes(key) + TEMPLATE_TOKENS_PER_ELEMENT + _tokens_at_most(value)
+               for key, value in payload.items() if key not in skipped and isinstance(value, (str, list, dict)))
 
 
 def _chat_prompt(payload: dict[str, Any]) -> tuple[list[str], list[PromptSize]]:
@@ -117,41 +196,44 @@ def _chat_prompt(payload: dict[str, Any]) -> tuple[list[str], list[PromptSize]]:
     if not isinstance(messages, list) or not messages:
         raise GatewayError(400, "messages must be a non-empty array", param="messages")
     texts = [_message_text(m) for m in messages]
-    joined = "".join(texts)
-    tools = payload.get("tools")
-    if tools is not None:
-        joined += json.dumps(tools)  # rendered into the prompt by the template
-    return texts, [_text_size(joined, _TEMPLATE_TOKENS_PER_MESSAGE * len(messages))]
+    lower = math.ceil(sum(len(text) for text in texts) / MAX_CHARS_PER_TOKEN)
+    upper = (_tokens_at_most(messages) + _extra_tokens(payload, ("messages",))
+             + TEMPLATE_TOKENS_PER_MESSAGE * len(messages) + TEMPLATE_TOKENS_PER_CHAT)
+    return texts, [PromptSize(lower, upper)]
 
 
 def _message_text(message: Any) -> str:
+    """The message's own text (certainly in the prompt); what the prefix key and the lower bound read."""
     if not isinstance(message, dict):
         raise GatewayError(400, "each message must be an object with role and content", param="messages")
     content = message.get("content")
-    role = str(message.get("role", ""))
     if isinstance(content, str):
-        return f"{role}:{content}"
+        return content
     if isinstance(content, list):
-        parts = [p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-        return f"{role}:" + "".join(parts)
-    return f"{role}:"
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
 
 
-def _listed_prompts(prompt: Any, field: str) -> tuple[list[str], list[PromptSize]]:
+def _text_size(text: str, extra: int) -> PromptSize:
+    return PromptSize(math.ceil(len(text) / MAX_CHARS_PER_TOKEN),
+                      _utf8_bytes(text) + TEMPLATE_TOKENS_PER_ELEMENT + extra)
+
+
+def _listed_prompts(prompt: Any, field: str, extra: int) -> tuple[list[str], list[PromptSize]]:
     """Text used for the prefix key, and the size of each prompt; token-id prompts count exactly."""
     if isinstance(prompt, str):
-        return [prompt], [_text_size(prompt)]
+        return [prompt], [_text_size(prompt, extra)]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return prompt, [_text_size(p) for p in prompt]
+            return prompt, [_text_size(p, extra) for p in prompt]
         if all(_is_token_id(p) for p in prompt):
-            return [",".join(map(str, prompt))], [PromptSize(len(prompt), len(prompt))]
+            return [",".join(map(str, prompt))], [PromptSize(len(prompt), len(prompt) + extra)]
         if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
-            return [",".join(map(str, p)) for p in prompt], [PromptSize(len(p), len(p)) for p in prompt]
+            return [",".join(map(str, p)) for p in prompt], [PromptSize(len(p), len(p) + extra) for p in prompt]
     raise GatewayError(400, f"{field} must be a string, an array of strings or of token ids", param=field)
 
 
-def _rerank_prompts(payload: dict[str, Any]) -> tuple[list[str], list[PromptSize]]:
+def _rerank_prompts(payload: dict[str, Any], extra: int) -> tuple[list[str], list[PromptSize]]:
     """The query, then each document: each is embedded on its own."""
     query, documents = payload.get("query"), payload.get("documents")
     if not isinstance(query, str):
@@ -159,7 +241,7 @@ def _rerank_prompts(payload: dict[str, Any]) -> tuple[list[str], list[PromptSize
     if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
         raise GatewayError(400, "documents must be a non-empty array of strings", param="documents")
     texts = [query, *documents]
-    return texts, [_text_size(text) for text in texts]
+    return texts, [_text_size(text, extra) for text in texts]
 
 
 def _is_token_id(value: Any) -> bool:

@@ -6,6 +6,9 @@ import json
 import httpx
 import openai
 import pytest
+from sluice_gateway.request import (
+    TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE,
+)
 
 from fixtures.gateway import TINY_CONTEXT, backend, free_port, gateway_config, key_entry, run_gateway, table
 
@@ -13,7 +16,10 @@ pytestmark = pytest.mark.integration
 
 WIDE, NARROW, TIGHT, LOWERING = "sk-test-wide", "sk-test-narrow", "sk-test-tight", "sk-test-lowering"
 HI = [{"role": "user", "content": "Hi"}]
-HI_PROMPT_BOUND = len("user:Hi") + 8  # the gateway's upper bound of that prompt: bytes plus chat framing
+# The gateway's upper bound of that prompt (sluice_gateway.request): the bytes of its strings, keys included, an
+# allowance for the message and each of its members, one per message and one per chat request.
+HI_PROMPT_BOUND = (len("role" "user" "content" "Hi") + 3 * TEMPLATE_TOKENS_PER_ELEMENT + TEMPLATE_TOKENS_PER_MESSAGE
+                   + TEMPLATE_TOKENS_PER_CHAT)
 PROBES = iter([f"sk-test-probe-{i}" for i in range(8)])  # one fresh tenant per reservation measured
 
 
@@ -27,7 +33,7 @@ def gateway(tiny_runtimes, tmp_path_factory):
     config = gateway_config([
         tenant("wide", WIDE, tokens_per_minute=1_000_000),
         tenant("narrow", NARROW, tokens_per_minute=1000),
-        tenant("tight", TIGHT, tokens_per_minute=100, requests_per_minute=2),
+        tenant("tight", TIGHT, tokens_per_minute=2 * (HI_PROMPT_BOUND + 1), requests_per_minute=2),
         tenant("lowering", LOWERING, tokens_per_minute=1000, over_budget="lower_max_tokens"),
         *(tenant(f"probe-{i}", f"sk-test-probe-{i}", tokens_per_minute=1_000_000) for i in range(8)),
     ])
@@ -63,7 +69,7 @@ def test_max_tokens_is_read_under_both_names_and_without_a_value_runs_to_the_end
     assert reserved_by(gateway, body) == HI_PROMPT_BOUND + 1500
     too_large = post(gateway, NARROW, {**body, "ignore_eos": True})
     assert refusal(too_large) == (429, "rate_limit_exceeded", None)
-    assert "1515 tokens" in too_large.json()["error"]["message"]
+    assert f"{HI_PROMPT_BOUND + 1500} tokens" in too_large.json()["error"]["message"]
     # Without max_tokens the runtime may generate to the end of the context, so that is what is reserved.
     assert reserved_by(gateway, {"model": "tiny", "messages": HI}) == TINY_CONTEXT
     assert post(gateway, NARROW, {"model": "tiny", "messages": HI, "ignore_eos": True}).status_code == 429
@@ -73,7 +79,7 @@ def test_every_choice_and_every_prompt_is_reserved(gateway):
     assert reserved_by(gateway, {"model": "tiny", "messages": HI, "max_tokens": 50, "n": 16}) \
         == HI_PROMPT_BOUND + 16 * 50
     prompts = {"model": "tiny", "prompt": ["hello"] * 64, "max_tokens": 20}
-    assert reserved_by(gateway, prompts, "/v1/completions") == 64 * (len("hello") + 20)
+    assert reserved_by(gateway, prompts, "/v1/completions") == 64 * (len("hello") + TEMPLATE_TOKENS_PER_ELEMENT + 20)
     assert post(gateway, NARROW, prompts, "/v1/completions").status_code == 429
     served = post(gateway, WIDE, prompts, "/v1/completions").json()
     assert len(served["choices"]) == 64 and served["usage"]["completion_tokens"] <= 64 * 20
@@ -84,7 +90,7 @@ def test_every_choice_and_every_prompt_is_reserved(gateway):
 
 
 def test_a_request_that_can_never_fit_is_400_before_any_limit(gateway):
-    # The tenant has 100 tokens and 2 requests a minute: none of these refusals may use them up.
+    # The tenant has tokens for two short requests and 2 requests a minute: none of these refusals may use them up.
     cases = [
         ({"model": "tiny", "messages": HI, "max_tokens": 10_000_000}, "/v1/chat/completions", "max_tokens"),
         ({"model": "tiny", "prompt": list(range(TINY_CONTEXT)), "max_tokens": 1}, "/v1/completions", "prompt"),

@@ -5,7 +5,15 @@ import pytest
 
 from sluice_gateway.cost import check_context, reserve
 from sluice_gateway.errors import GatewayError
-from sluice_gateway.request import MAX_CHARS_PER_TOKEN, parse_request
+from sluice_gateway.request import (
+    MAX_CHARS_PER_TOKEN, TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE, parse_request,
+)
+
+# The default message's bound: its 400 bytes, the keys and the role, an allowance for the message and its two
+# members, one for the message and one for the request.
+PROMPT = (400 + len("role") + len("content") + len("user") + 3 * TEMPLATE_TOKENS_PER_ELEMENT + TEMPLATE_TOKENS_PER_MESSAGE
+          + TEMPLATE_TOKENS_PER_CHAT)
+EACH = TEMPLATE_TOKENS_PER_ELEMENT
 
 
 def parsed(kind: str = "chat", **body):
@@ -20,10 +28,9 @@ def reservation(kind: str = "chat", context: int | None = 2048, **body) -> int:
 
 
 def test_every_name_and_type_of_max_tokens_is_read_as_the_runtime_reads_it():
-    # Prompt bound: 400 + len("user:") bytes + 8 tokens of chat framing.
-    assert reservation(max_completion_tokens=None, max_tokens=1000) == 413 + 1000
-    assert reservation(max_completion_tokens=1000) == 413 + 1000
-    assert reservation(max_tokens=100, n=16) == 413 + 1600
+    assert reservation(max_completion_tokens=None, max_tokens=1000) == PROMPT + 1000
+    assert reservation(max_completion_tokens=1000) == PROMPT + 1000
+    assert reservation(max_tokens=100, n=16) == PROMPT + 1600
     for n in ("16", 16.0, True):
         with pytest.raises(GatewayError) as err:
             parsed(max_tokens=10, n=n)
@@ -37,16 +44,16 @@ def test_without_max_tokens_the_reservation_runs_to_the_end_of_the_context():
     # One choice can use the whole context; each further choice what the shortest possible prompt leaves.
     assert reservation(context=2048) == 2048
     assert reservation(context=2048, n=4) == 2 + 4 * (2048 - 2)
-    assert reservation(context=None) == 413 + 512  # no maxModelLen in the routing table: the configured default
+    assert reservation(context=None) == PROMPT + 512  # no maxModelLen in the routing table: the configured default
 
 
 def test_every_prompt_of_a_completions_list_is_reserved():
     prompts = ["hello"] * 64
-    assert reservation("completion", prompt=prompts, max_tokens=10) == 64 * (5 + 10)
-    assert reservation("completion", prompt=prompts) == 64 * (5 + 16)  # the endpoint's default max_tokens
+    assert reservation("completion", prompt=prompts, max_tokens=10) == 64 * (5 + EACH + 10)
+    assert reservation("completion", prompt=prompts) == 64 * (5 + EACH + 16)  # the endpoint's default max_tokens
     assert reservation("completion", prompt=[[1, 2, 3]] * 4, max_tokens=10, n=2) == 4 * (3 + 20)
     assert reservation("completion", prompt=[1, 2, 3], max_tokens=10) == 13
-    assert reservation("embedding", input=["abcd", "efgh"]) == 8
+    assert reservation("embedding", input=["abcd", "efgh"]) == 2 * (4 + EACH)
 
 
 def test_a_long_prompt_reserves_no_more_than_the_context_leaves_it():
@@ -57,9 +64,9 @@ def test_a_long_prompt_reserves_no_more_than_the_context_leaves_it():
 def test_lowering_max_tokens_finds_the_largest_that_fits():
     res = reserve(parsed(max_tokens=1000, n=2), 2048, default_max_tokens=512)
     assert res.max_tokens_within(res.tokens) == 1000
-    assert res.max_tokens_within(413 + 2 * 300) == 300
-    assert res.max_tokens_within(413 + 2 * 300 + 1) == 300
-    assert res.tokens_with(300) == 413 + 600
+    assert res.max_tokens_within(PROMPT + 2 * 300) == 300
+    assert res.max_tokens_within(PROMPT + 2 * 300 + 1) == 300
+    assert res.tokens_with(300) == PROMPT + 600
 
 
 @pytest.mark.parametrize("body, kind, param", [

@@ -7,6 +7,9 @@ import time
 
 import httpx
 import pytest
+from sluice_gateway.request import (
+    TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE,
+)
 
 from fixtures.gateway import backend, gateway_config, key_entry, table
 
@@ -15,7 +18,10 @@ pytestmark = pytest.mark.integration
 KEY = "sk-test-windows"
 HEADERS = {"authorization": f"Bearer {KEY}"}
 HI = [{"role": "user", "content": "Hi"}]
-HI_PROMPT_BOUND = len("user:Hi") + 8  # what the gateway reserves for that prompt (bytes plus chat framing)
+# The gateway's upper bound of that prompt (sluice_gateway.request): the bytes of its strings, keys included, an
+# allowance for the message and each of its members, one per message and one per chat request.
+HI_PROMPT_BOUND = (len("role" "user" "content" "Hi") + 3 * TEMPLATE_TOKENS_PER_ELEMENT + TEMPLATE_TOKENS_PER_MESSAGE
+                   + TEMPLATE_TOKENS_PER_CHAT)
 
 
 def config(redis_url: str | None, tenant_name: str, **limits) -> dict:
