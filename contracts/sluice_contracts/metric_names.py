@@ -44,3 +44,14 @@ REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
 PRIORITY_LABEL = "priority"
 REQUESTS_WAITING_BY_PRIORITY = "sluice_runtime_requests_waiting_by_priority"  # gauge: accepted, not started yet
 REQUESTS_SHED = "sluice_runtime_requests_shed"  # counter: refused for a full queue, or dropped from it
+
+# Requests refused at once or ended before they started, by reason (label REFUSAL_REASON_LABEL): their answer was
+# not expected within their budget; the queue was full (refused, or shed for a more urgent one); their budget
+# passed while they were queued (sluice_contracts.request_deadline).
+REQUESTS_REFUSED = "sluice_runtime_requests_refused"  # counter
+REFUSAL_REASON_LABEL = "reason"
+REFUSAL_DEADLINE = "deadline"
+REFUSAL_QUEUE_FULL = "queue_full"
+REFUSAL_BUDGET_PASSED = "budget_passed"
+# Gauge: seconds before a request of the default priority arriving now would start, as the runtime estimates it.
+ESTIMATED_QUEUE_SECONDS = "sluice_runtime_estimated_queue_seconds"

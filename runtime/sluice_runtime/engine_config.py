@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from sluice_contracts import runtime_flags
+from sluice_contracts.request_deadline import MAX_BUDGET_S
 from sluice_contracts.runtime_flags import (DTYPES, LORA_NAME_PATTERN, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN,
                                            MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE)
 
@@ -76,6 +77,13 @@ class EngineConfig:
                 "of the decode-only step at the recent largest batch, measured as the engine runs; README), off "
                 "(token budget only), or milliseconds")
     max_waiting: int = flag(1024, "queued requests before new ones are refused as overloaded")
+    default_budget_s: float = flag(
+        30.0, "seconds a request may wait for its answer's first byte (the first token of a stream) when neither "
+              "its client's timeout header nor the gateway's budget header nor its priority class gives one "
+              "(sluice_contracts.request_deadline); a request not expected to be answered within its budget is "
+              "refused at once with 503 and Retry-After, and one whose budget passes while queued gets that 503")
+    deadline_admission: bool = flag(True, "admit requests by queue length alone (--max-waiting): no refusal for "
+                                          "a budget", option="--no-deadline-admission")
     enable_prefix_caching: bool = flag(True, "disable reuse of cached prompt blocks", option="--no-prefix-caching")
     # A request preempted this often is no longer chosen as a victim, so it cannot livelock.
     max_preemptions_per_request: int = 4
@@ -113,6 +121,8 @@ class EngineConfig:
             (self.max_num_batched_tokens >= self.max_num_seqs,
              f"max num batched tokens ({self.max_num_batched_tokens}) must be at least max num seqs ({self.max_num_seqs})"),
             (self.max_waiting >= 1, f"max waiting must be at least 1, got {self.max_waiting}"),
+            (0 < self.default_budget_s <= MAX_BUDGET_S,
+             f"default budget must be above 0 and at most {MAX_BUDGET_S:g} seconds, got {self.default_budget_s}"),
             (self.max_preemptions_per_request >= 0, "max preemptions per request must be non-negative"),
             (self.attention_backend in ATTENTION_BACKENDS,
              f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"),

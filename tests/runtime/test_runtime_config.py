@@ -29,7 +29,7 @@ def test_every_flag_reaches_the_config():
                   "--no-prefix-caching", "--seed", "5", "--attention-backend", "torch", "--enforce-eager",
                   "--gpu-memory-utilization", "0.5", "--tensor-parallel-size", "2", "--enable-lora",
                   "--max-loras", "3", "--max-lora-rank", "64", "--lora", "sql=/a", "--lora", "tone=/b=c",
-                  "--pooling", "last",
+                  "--pooling", "last", "--default-budget-s", "12.5", "--no-deadline-admission",
                   "--host", "127.0.0.1", "--port", "0", "--served-model-name", "a", "b", "--log-prompts",
                   "--max-body-bytes", "1MiB", "--shutdown-timeout", "2", "--request-timeout", "3",
                   "--stream-idle-timeout", "4", "--print-examples")
@@ -39,7 +39,8 @@ def test_every_flag_reaches_the_config():
                                   max_num_batched_tokens=512, target_itl_ms=40.0, max_waiting=3,
                                   enable_prefix_caching=False, seed=5, attention_backend="torch", enforce_eager=True,
                                   gpu_memory_utilization=0.5, tensor_parallel_size=2, enable_lora=True, max_loras=3,
-                                  max_lora_rank=64, lora=["sql=/a", "tone=/b=c"], pooling="last")
+                                  max_lora_rank=64, lora=["sql=/a", "tone=/b=c"], pooling="last",
+                                  default_budget_s=12.5, deadline_admission=False)
     assert engine.lora_modules == {"sql": "/a", "tone": "/b=c"}
     assert server == ServerSettings(host="127.0.0.1", port=0, served_model_names=["a", "b"], log_prompts=True,
                                     max_body_bytes=1 << 20, shutdown_timeout=2.0, request_timeout=3.0,

@@ -1,4 +1,5 @@
 """Errors the engine raises at submit time; the server maps them to HTTP statuses."""
+from sluice_contracts.request_deadline import DEADLINE_PASSED, DEADLINE_UNATTAINABLE
 
 
 class EngineError(Exception):
@@ -21,6 +22,18 @@ class EngineOverloaded(EngineError):
     def __init__(self, message: str, retry_after_s: float = 1.0):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class DeadlineUnattainable(EngineOverloaded):
+    """The request's first byte is not expected within its budget (sluice_contracts.request_deadline)."""
+
+    code = DEADLINE_UNATTAINABLE
+
+
+class DeadlinePassed(EngineOverloaded):
+    """The request's budget passed while it was still queued; it was ended before it started."""
+
+    code = DEADLINE_PASSED
 
 
 class EngineDead(EngineError):

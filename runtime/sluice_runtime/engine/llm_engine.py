@@ -7,22 +7,30 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from sluice_contracts import metric_names as names
+from sluice_contracts.request_priority import DEFAULT_CLASS, DEFAULT_CLASSES
+
 from ..executor.model_runner import BatchItem, ModelRunner
 from ..executor.sampler import SampleRequest, SampleResult
 from ..models.loading import ModelInfo, resolve_model, validate_model_dir
 from ..models.lora_adapter import AdapterError, LoraAdapter, read_adapter
+from . import admission
+from .admission import EngineLoad, Queued
 from .block_manager import BlockManager
 from ..engine_config import EngineConfig
 from .detokenizer import Detokenizer
-from .errors import EngineOverloaded, RequestRejected
+from .errors import DeadlineUnattainable, EngineOverloaded, RequestRejected
 from .lora_registry import LoraRegistry
-from .outputs import SHED, CompletionOutput, RequestOutput, TokenLogprob
+from .outputs import EXPIRED, SHED, CompletionOutput, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
 from ..model_load_error import ModelLoadError
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence, SequenceGroup
 
 log = logging.getLogger(__name__)
+
+# Weight of the previous mean when a step's time outside the model is folded in (about the last 10 steps count).
+OVERHEAD_DECAY = 0.9
 
 
 @dataclass
@@ -46,6 +54,10 @@ class EngineStats:
     running_loras: list[str] = field(default_factory=list)
     waiting_loras: list[str] = field(default_factory=list)
     resident_loras: list[str] = field(default_factory=list)  # adapters in the executor's slots
+    # Requests refused or ended before they started, by metric_names.REFUSAL_* reason.
+    refused_by_reason: dict[str, int] = field(default_factory=dict)
+    # Seconds before a request of the default priority arriving now would start (engine.admission).
+    estimated_queue_s: float = 0.0
 
 
 def load_tokenizer(model_dir):
@@ -83,6 +95,16 @@ class LLMEngine:
         self._unstarted: dict[str, SequenceGroup] = {}
         self._sheds: deque[SequenceGroup] = deque()
         self.num_shed: Counter[int] = Counter()
+        self.num_refused: Counter[str] = Counter()
+        # Requests whose budget passed (the server's timers): ended at the next step unless they started.
+        self._expiries: deque[str] = deque()
+        # What the admission estimate reads: published by the engine thread after each step.
+        self._load = EngineLoad(0.0, 0.0, config.max_num_seqs)
+        # Recent mean of the tokens finished requests generated (None before any finished).
+        self.mean_output: float | None = None
+        # Recent seconds a step spends outside the model (scheduling, sampling's bookkeeping, outputs), which the
+        # step budget's timing leaves out and a queued request waits for all the same.
+        self.step_overhead_s = 0.0
         self._generators: dict[tuple[str, int], object] = {}
         self._lock = threading.Lock()
         self.num_aborted = 0
@@ -173,11 +195,76 @@ class LLMEngine:
         victim = max(self._unstarted.values(), key=SequenceGroup.sort_key)
         if victim.priority <= priority:
             self.num_shed[priority] += 1
+            self.num_refused[names.REFUSAL_QUEUE_FULL] += 1
             raise EngineOverloaded(
                 f"the engine has {len(self._unstarted)} requests waiting (limit {self.config.max_waiting}), none "
                 f"less urgent than this one (priority {priority}); retry shortly", retry_after_s=1.0)
         del self._unstarted[victim.request_id]
         self._sheds.append(victim)
+
+    # -- deadlines ------------------------------------------------------------------------------
+
+    def first_byte_estimate(self, num_prompt_tokens: int, params: SamplingParams, priority: int,
+                            streamed: bool) -> float:
+        """Seconds from now to the first byte of a request's answer, were it queued now (engine.admission);
+        thread-safe."""
+        with self._lock:
+            ahead = self._queued_ahead(priority)
+        own = Queued(num_prompt_tokens, self._expected_output(params, num_prompt_tokens), params.n)
+        return admission.first_byte_s(self._load, ahead, own, streamed)
+
+    def check_budget(self, prompt_token_ids: list[int], params: SamplingParams, priority: int, streamed: bool,
+                     budget_s: float) -> None:
+        """Refuses a request whose answer's first byte is not expected within `budget_s` seconds, with the
+        time after which it is (if no more urgent request comes) as its Retry-After; thread-safe."""
+        estimate = self.first_byte_estimate(len(prompt_token_ids), params, priority, streamed)
+        if estimate <= budget_s:
+            return
+        with self._lock:
+            self.num_refused[names.REFUSAL_DEADLINE] += 1
+        raise DeadlineUnattainable(
+            f"the answer's first byte is expected in {estimate:.1f} s, beyond this request's budget of {budget_s:g} s "
+            "(its client's timeout, else the default of its priority class); retry later or elsewhere",
+            retry_after_s=estimate - budget_s)
+
+    def expire(self, request_id: str) -> None:
+        """The request's budget has passed: end it with EXPIRED at the next step if it has not started by then.
+        Thread-safe and idempotent."""
+        self._expiries.append(request_id)
+
+    def _queued_ahead(self, priority: int) -> list[Queued]:
+        """The requests not started that a newcomer of `priority` queues behind, in the order they start. Under
+        _lock."""
+        ahead = sorted((g for g in self._unstarted.values() if g.priority <= priority), key=SequenceGroup.sort_key)
+        return [Queued(g.num_prompt_tokens, self._expected_output(g.params, g.num_prompt_tokens), g.params.n)
+                for g in ahead]
+
+    def _expected_output(self, params: SamplingParams, num_prompt_tokens: int) -> int:
+        return admission.expected_output(params.max_tokens, self.max_model_len - num_prompt_tokens, self.mean_output)
+
+    def _publish_load(self) -> None:
+        """What the admission estimate needs of the batch now; on the engine thread, after each step."""
+        running = list(self.scheduler.running)
+        steps, prefilling, seq_tokens = [], 0, 0
+        for seq in running:
+            expected = self._expected_output(seq.group.params, seq.num_prompt_tokens)
+            steps.append(max(1, expected - seq.num_output_tokens))
+            prefilling += max(0, seq.num_prompt_tokens - seq.num_computed_tokens)
+            seq_tokens += seq.num_prompt_tokens + expected
+        slots = self.config.max_num_seqs
+        if running:
+            # The KV cache holds fewer sequences as large as the running ones than the batch may: it is the limit.
+            slots = max(1, min(slots, self.kv_capacity_tokens * len(running) // max(1, seq_tokens)))
+        batch = min(slots, max(1, len(running) + len(self.scheduler.waiting)))
+        budget = self.scheduler.step_budget
+        step_s = budget.decode_step_s(batch)
+        self._load = EngineLoad(step_s + self.step_overhead_s if step_s else 0.0, budget.prefill_token_s(), slots,
+                                tuple(steps), prefilling)
+
+    def _observe_output(self, tokens: int) -> None:
+        previous = self.mean_output
+        self.mean_output = tokens if previous is None else (
+            admission.OUTPUT_DECAY * previous + (1 - admission.OUTPUT_DECAY) * tokens)
 
     def embedding_batches(self, prompts: list[list[int]]) -> list[list[list[int]]]:
         """`prompts` in consecutive groups of at most one step's token budget each (a longer prompt alone): the
@@ -207,13 +294,16 @@ class LLMEngine:
     # -- stepping -------------------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._incoming or self._aborts or self.scheduler.has_work())
+        return bool(self._incoming or self._aborts or self._expiries or self.scheduler.has_work())
 
     def step(self) -> list[RequestOutput]:
+        started_at = time.monotonic()
+        executed_s = 0.0
         finished_now: dict[str, SequenceGroup] = {}
         self._admit_incoming()
         self._apply_aborts_and_deadlines(finished_now)
         self._apply_sheds(finished_now)
+        self._apply_expiries(finished_now)
         plan = self.scheduler.schedule()
         touched: dict[str, SequenceGroup] = dict(finished_now)
         if not plan.is_empty:
@@ -225,8 +315,10 @@ class LLMEngine:
                     for group in started.values():
                         group.metrics.first_scheduled_time = now
                         self._unstarted.pop(group.request_id, None)
+            executing = time.monotonic()
             results = self.runner.execute(
                 [self._batch_item(s) for s in plan.decodes], [self._batch_item(s) for s in plan.prefills])
+            executed_s = time.monotonic() - executing
             sampled = [s for s in plan.scheduled if s.samples]
             self.scheduler.on_step_done(plan)
             now = time.time()
@@ -237,6 +329,10 @@ class LLMEngine:
         for group in touched.values():
             if group.finished:
                 self._forget(group)
+        if not plan.is_empty:
+            overhead = time.monotonic() - started_at - executed_s
+            self.step_overhead_s = OVERHEAD_DECAY * self.step_overhead_s + (1 - OVERHEAD_DECAY) * overhead
+        self._publish_load()
         return [o for o in outputs if o is not None]
 
     def _admit_incoming(self) -> None:
@@ -269,6 +365,17 @@ class LLMEngine:
                 self._finish_group(group, SHED)
                 with self._lock:
                     self.num_shed[group.priority] += 1
+                    self.num_refused[names.REFUSAL_QUEUE_FULL] += 1
+                finished_now[group.request_id] = group
+
+    def _apply_expiries(self, finished_now: dict[str, SequenceGroup]) -> None:
+        """Ends the requests whose budget passed while they were queued; one that started meanwhile runs on."""
+        while self._expiries:
+            group = self.groups.get(self._expiries.popleft())
+            if group is not None and not group.finished and group.metrics.first_scheduled_time is None:
+                self._finish_group(group, EXPIRED)
+                with self._lock:
+                    self.num_refused[names.REFUSAL_BUDGET_PASSED] += 1
                 finished_now[group.request_id] = group
 
     def _finish_group(self, group: SequenceGroup, reason: str) -> None:
@@ -319,6 +426,7 @@ class LLMEngine:
         elif seq.num_output_tokens >= max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"
         if reason is not None:
+            self._observe_output(seq.num_output_tokens)
             self.scheduler.finish(seq, reason, stop_reason)
             if seq.group.finished:
                 seq.group.metrics.finished_time = now
@@ -359,6 +467,8 @@ class LLMEngine:
         with self._lock:
             waiting_by_priority = Counter(g.priority for g in self._unstarted.values())
             shed_by_priority = dict(self.num_shed)
+            refused_by_reason = dict(self.num_refused)
+            ahead = self._queued_ahead(DEFAULT_CLASSES[DEFAULT_CLASS])
         running_loras = _lora_names(self.scheduler.running)
         return EngineStats(
             num_running=len({s.group.request_id for s in self.scheduler.running}),
@@ -376,7 +486,9 @@ class LLMEngine:
             shed_by_priority=shed_by_priority,
             running_loras=sorted(running_loras),
             waiting_loras=sorted(_lora_names(self.scheduler.waiting) - running_loras),
-            resident_loras=self._resident_loras())
+            resident_loras=self._resident_loras(),
+            refused_by_reason=refused_by_reason,
+            estimated_queue_s=admission.queue_s(self._load, ahead))
 
     def _resident_loras(self) -> list[str]:
         resident = self.runner.lora.resident_ids if self.runner.lora is not None else frozenset()

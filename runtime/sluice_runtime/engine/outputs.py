@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 # The finish reason of a request dropped from a full queue, before it started, for a more urgent one.
 SHED = "shed"
+# The finish reason of a request whose budget passed while it was queued, ended before it started.
+EXPIRED = "expired"
 
 
 @dataclass
@@ -28,7 +30,7 @@ class CompletionOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[TokenLogprob] = field(default_factory=list)
     num_tokens: int = 0  # generated so far
-    # "stop" | "length" | "abort" | "timeout" | "error" | SHED; None while running.
+    # "stop" | "length" | "abort" | "timeout" | "error" | SHED | EXPIRED; None while running.
     finish_reason: str | None = None
     # The stop string or stop token id that ended the sequence, if any.
     stop_reason: str | int | None = None

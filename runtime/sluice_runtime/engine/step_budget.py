@@ -223,3 +223,17 @@ class StepBudget:
         # A step with chunks takes chunk_bias times the line's prediction of it.
         seconds = target / self.chunk_bias - self.model.predict(num_decodes, decode_pairs)
         return Allowance(room, seconds, per_token, per_pair)
+
+    def decode_step_s(self, num_decodes: int) -> float:
+        """Seconds of a decode-only step of `num_decodes` sequences as deep as the last batch's (the admission
+        estimate's step); 0 before any step was timed."""
+        if not self.model.fitted or num_decodes < 1:
+            return 0.0
+        depth = next((pairs / batch for batch, pairs in reversed(self.recent_batches) if batch), 0.0)
+        return self.decode_only_step(num_decodes, depth * num_decodes)
+
+    def prefill_token_s(self) -> float:
+        """Seconds one prompt token adds to a step, as steps with chunks ran lately; 0 before any step was timed."""
+        if not self.model.fitted:
+            return 0.0
+        return self.model.coefficients()[1] * self.chunk_bias
