@@ -153,17 +153,14 @@ class RedisSettings(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _files_usable(self) -> "RedisSettings":
-        if self.tls_ca_file is not None:
-            if not self.url.startswith("rediss://"):
-                raise ValueError("tls_ca_file needs a rediss:// url")
-            if not Path(self.tls_ca_file).is_file():
-                raise ValueError(f"tls_ca_file {self.tls_ca_file} is not a readable file")
-        self.password()  # a missing or empty file is a config error now, not a refusal by Redis later
+    def _tls_ca_needs_tls(self) -> "RedisSettings":
+        if self.tls_ca_file is not None and not self.url.startswith("rediss://"):
+            raise ValueError("tls_ca_file needs a rediss:// url")
         return self
 
     def password(self) -> str | None:
-        """The password file's first line; a clear error when it cannot be read."""
+        """The password file's first line; ValueError saying why when it cannot be read. Read when the limiter
+        starts, not here: the file is a mounted Secret the config is checked without."""
         if self.password_file is None:
             return None
         try:

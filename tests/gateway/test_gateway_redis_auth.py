@@ -90,12 +90,25 @@ def test_without_the_password_requests_are_refused_and_the_log_says_why(protecte
     assert right not in log
 
 
+@pytest.mark.parametrize("settings, message", [
+    ({"password_file": "/nonexistent/password"}, "No such file"),
+    ({"password_file": "/dev/null"}, "is empty"),
+    ({"url": "rediss://127.0.0.1:1/0", "tls_ca_file": "/nonexistent/ca.pem"}, "is not a file"),
+], ids=["missing-password", "empty-password", "missing-ca"])
+def test_an_unreadable_password_or_ca_file_refuses_requests_and_says_why(protected_redis, start_gateway, tmp_path,
+                                                                          settings, message):
+    url, right = protected_redis
+    config = _config(url, tmp_path, None, "files")
+    config["redis"].update(settings)
+    gateway = start_gateway(config, ROUTES)
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, headers=HEADERS, timeout=30)
+    assert response.status_code == 503 and response.json()["error"]["code"] == "limiter_unavailable", response.text
+    assert message in gateway.log_text() and right not in gateway.log_text()
+
+
 @pytest.mark.parametrize("redis, message", [
     ({"url": "http://127.0.0.1:6379/0"}, "must start with redis:// or rediss://"),
     ({"url": "redis://127.0.0.1:6379/0", "tls_ca_file": "/etc/hostname"}, "tls_ca_file needs a rediss:// url"),
-    ({"url": "rediss://127.0.0.1:6379/0", "tls_ca_file": "/nonexistent/ca.pem"}, "is not a readable file"),
-    ({"url": "redis://127.0.0.1:6379/0", "password_file": "/nonexistent/password"}, "No such file"),
-    ({"url": "redis://127.0.0.1:6379/0", "password_file": "/dev/null"}, "is empty"),
     ({"url": "redis://127.0.0.1:6379/0", "password_file": None, "username": ""}, "at least 1 character"),
 ])
 def test_bad_redis_settings_are_a_config_error_naming_the_field(tmp_path, redis, message):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 
@@ -166,10 +167,20 @@ _MAX_UNRELEASED = 10_000
 class RedisLimiter(Limiter):
     def __init__(self, settings: RedisSettings, lease_ttl_s: float, prefix: str = "sluice:limits") -> None:
         tls = {"ssl_ca_certs": settings.tls_ca_file} if settings.tls_ca_file is not None else {}
+        self._refused: str | None = None  # why Redis refuses the gateway (or would): its credentials
+        try:
+            password = settings.password()
+        except ValueError as exc:
+            password, self._refused = None, f"{exc}: the gateway cannot authenticate to Redis"
+            log.error("%s", self._refused)
+        if settings.tls_ca_file is not None and not os.path.isfile(settings.tls_ca_file):
+            self._refused = f"redis.tls_ca_file {settings.tls_ca_file} is not a file: the gateway cannot verify Redis"
+            log.error("%s", self._refused)
+        self._unusable = self._refused is not None
         self._client = aioredis.Redis.from_url(
             settings.url,
             username=settings.username,
-            password=settings.password(),
+            password=password,
             **tls,
             socket_timeout=settings.timeout_s,
             socket_connect_timeout=settings.timeout_s,
@@ -186,13 +197,14 @@ class RedisLimiter(Limiter):
         # Releases that could not reach Redis: lease -> (keys, args, deadline on the monotonic clock).
         self._unreleased: dict[str, tuple[list[str], list, float]] = {}
         self._retrier: asyncio.Task | None = None
-        self._refused: str | None = None  # why Redis refused the gateway's credentials at the last call
 
     def not_ready_reason(self) -> str | None:
         """Set while Redis refuses the gateway's credentials: no retry fixes that, so the replica is not ready."""
         return self._refused
 
     def _note(self, exc: BaseException | None) -> None:
+        if self._unusable:
+            return  # its files said so at start; only a restart reads them again
         refused = isinstance(exc, AuthenticationError) or (
             isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS")))
         reason = (f"Redis refused the gateway's credentials ({exc}): set redis.password_file (and redis.username "
@@ -212,6 +224,10 @@ class RedisLimiter(Limiter):
     async def acquire(self, tenant: str, limits: Limits, tokens: int, at_least: int | None = None) -> Decision:
         if unlimited(limits):
             return Decision(grant=Grant(tenant, None, tokens, Usage()), usage=Usage())
+        if self._unusable:
+            if not self._fail_open:
+                raise LimiterUnavailable("the rate-limit store refused the gateway's credentials")
+            return Decision(grant=Grant(tenant, None, tokens, Usage()), usage=Usage(), degraded=True)
         lease = uuid.uuid4().hex
         rpm, tpm, max_conc = limits.requests_per_minute, limits.tokens_per_minute, limits.max_concurrent
         keys = self._keys(tenant, lease)
