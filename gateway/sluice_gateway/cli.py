@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("sluice_gateway").warning("no --routes given: every model answers 404")
     if metrics_port:
         try:
-            serve_metrics(app.metrics.registry, host, metrics_port)
+            serve_metrics(app.metrics.registry, host, metrics_port, read_timeout_s=config.timeouts.request_read_s)
         except OSError as exc:
             print(f"sluice-gateway: cannot serve /metrics on {host}:{metrics_port}: {exc.strerror}", file=sys.stderr)
             return 2

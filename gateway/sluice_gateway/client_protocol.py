@@ -1,9 +1,13 @@
-"""uvicorn's httptools protocol with the two client deadlines uvicorn lacks.
+"""uvicorn's httptools protocol with the client deadlines and head bounds uvicorn lacks.
 
 uvicorn closes a kept-alive connection after `timeout_keep_alive`, but only once it has answered a request
 on it: a connection that never sends a byte, or that sends its headers a byte at a time, is held forever.
 Here the idle timer also runs from the moment a connection is accepted, and a request's headers must be
 complete within `request_read_s` (the body has its own deadline in the app, where it is read).
+
+Nor does httptools bound a request's head: header lines arrive before any key is checked, and it buffers a
+header line of any length. The request line, the header count and the header bytes are bounded here
+(`sluice_contracts.http_bounds`); past one the client gets 414 or 431 and the connection is closed.
 """
 from __future__ import annotations
 
@@ -12,13 +16,33 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from sluice_contracts.http_bounds import MAX_HEADER_BYTES, MAX_HEADER_COUNT, MAX_REQUEST_LINE_BYTES
+
 from .errors import error_body
 
-_TIMEOUT_BODY = error_body(408, "the request headers did not arrive in time", code="request_timeout")
-_TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    + b"content-length: %d\r\n\r\n" % len(_TIMEOUT_BODY) + _TIMEOUT_BODY
-)
+# A head still incomplete after this many bytes has passed a bound, whichever (": " and CRLF per line aside).
+_MAX_HEAD_BYTES = MAX_REQUEST_LINE_BYTES + MAX_HEADER_BYTES + 4 * (MAX_HEADER_COUNT + 2)
+_REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
+
+
+def closing_response(status: int, message: str, code: str) -> bytes:
+    """A whole HTTP/1.1 error response with an OpenAI error body, for a connection about to be closed."""
+    body = error_body(status, message, code=code)
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
+            % (status, _REASONS[status], len(body)) + body)
+
+
+_TIMEOUT_RESPONSE = closing_response(408, "the request headers did not arrive in time", "request_timeout")
+_LINE_TOO_LONG = closing_response(
+    414, f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes", "request_line_too_long")
+_TOO_MANY_HEADERS = closing_response(
+    431, f"the request has more than {MAX_HEADER_COUNT} header fields", "request_headers_too_large")
+_HEADERS_TOO_LARGE = closing_response(
+    431, f"the request's header fields take more than {MAX_HEADER_BYTES} bytes", "request_headers_too_large")
+
+
+class _HeadRefused(Exception):
+    """Raised inside httptools' callbacks, which stops the parser; the response is already written."""
 
 
 class ClientProtocol(HttpToolsProtocol):
@@ -26,23 +50,69 @@ class ClientProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._request_read_s = request_read_s
         self._head_deadline: asyncio.TimerHandle | None = None
+        self._in_head = False
+        self._head_bytes = 0
+        self._header_count = 0
+        self._header_bytes = 0
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # Armed as after a response; the first byte of a request cancels it (uvicorn's data_received).
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            # httptools holds a header line until it ends: count what it holds before handing it more.
+            self._head_bytes += len(data)
+            if self._head_bytes > _MAX_HEAD_BYTES:
+                self._refuse(_HEADERS_TOO_LARGE)
+                return
+        super().data_received(data)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head, self._head_bytes, self._header_count, self._header_bytes = True, 0, 0, 0
         self._head_deadline = self.loop.call_later(self._request_read_s, self._head_timed_out)
 
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > MAX_REQUEST_LINE_BYTES:
+            self._refuse(_LINE_TOO_LONG)
+            raise _HeadRefused
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        self._header_bytes += len(name) + len(value)
+        if self._header_count > MAX_HEADER_COUNT:
+            self._refuse(_TOO_MANY_HEADERS)
+            raise _HeadRefused
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._refuse(_HEADERS_TOO_LARGE)
+            raise _HeadRefused
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        self._in_head = False
         self._cancel_head_deadline()
         super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:  # a refusal raised inside the parser reaches uvicorn as a parse error
+            super().send_400_response(msg)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_deadline()
         super().connection_lost(exc)
+
+    def _refuse(self, response: bytes) -> None:
+        self._refused = True
+        self._cancel_head_deadline()
+        if not self.transport.is_closing():
+            self.transport.write(response)
+            self.transport.close()
 
     def _cancel_head_deadline(self) -> None:
         if self._head_deadline is not None:

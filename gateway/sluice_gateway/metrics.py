@@ -6,8 +6,17 @@ series stay bounded; endpoint series are removed when the endpoint leaves the ta
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import io
+import socket
+import threading
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from sluice_contracts import demand
+from sluice_contracts.http_bounds import MAX_HEADER_BYTES, MAX_HEADER_COUNT, MAX_REQUEST_LINE_BYTES
+
+from .client_protocol import closing_response
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -123,7 +132,67 @@ class GatewayMetrics:
             pass
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> None:
+def serve_metrics(registry: CollectorRegistry, host: str, port: int, *, read_timeout_s: float) -> None:
     """Serve `registry` on http://host:port/metrics from a thread of this process (scrapes never wait on the
-    event loop, and a busy loop still reports)."""
-    start_http_server(port, addr=host, registry=registry)
+    event loop, and a busy loop still reports). A request's head is bounded as on the API port
+    (`sluice_contracts.http_bounds`), and a client must send it within `read_timeout_s`."""
+    handler = type("MetricsRequestHandler", (_BoundedHandler,), {"timeout": read_timeout_s})
+    server_class = _MetricsServerV6 if ":" in host else _MetricsServer
+    server = make_server(host, port, make_wsgi_app(registry), server_class, handler_class=handler)
+    threading.Thread(target=server.serve_forever, name="sluice-metrics", daemon=True).start()
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _MetricsServerV6(_MetricsServer):
+    address_family = socket.AF_INET6
+
+
+_LINE_TOO_LONG = closing_response(
+    414, f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes", "request_line_too_long")
+_TOO_MANY_HEADERS = closing_response(
+    431, f"the request has more than {MAX_HEADER_COUNT} header fields", "request_headers_too_large")
+_HEADERS_TOO_LARGE = closing_response(
+    431, f"the request's header fields take more than {MAX_HEADER_BYTES} bytes", "request_headers_too_large")
+
+
+class _BoundedHandler(WSGIRequestHandler):
+    """One scrape per connection; the head is read within the bounds, then handed to wsgiref as it was."""
+
+    def handle(self) -> None:
+        try:
+            head = self._bounded_head()
+        except OSError:  # the client was too slow (the socket timeout) or went away
+            return
+        if head is not None:
+            self.rfile = io.BytesIO(head)  # /metrics is a GET: no body follows the head
+            super().handle()
+
+    def _bounded_head(self) -> bytes | None:
+        line = self.rfile.readline(MAX_REQUEST_LINE_BYTES + 3)
+        if not line:
+            return None
+        if len(line.rstrip(b"\r\n")) > MAX_REQUEST_LINE_BYTES or not line.endswith(b"\n"):
+            return self._refuse(_LINE_TOO_LONG)
+        lines, count, size = [line], 0, 0
+        while True:
+            header = self.rfile.readline(MAX_HEADER_BYTES - size + 5)  # its ": " and CRLF besides
+            lines.append(header)
+            if header in (b"\r\n", b"\n", b""):
+                return b"".join(lines)
+            count += 1
+            if count > MAX_HEADER_COUNT:
+                return self._refuse(_TOO_MANY_HEADERS)
+            name, _, value = header.rstrip(b"\r\n").partition(b":")
+            size += len(name) + len(value.strip())
+            if size > MAX_HEADER_BYTES or not header.endswith(b"\n"):
+                return self._refuse(_HEADERS_TOO_LARGE)
+
+    def _refuse(self, response: bytes) -> None:
+        self.wfile.write(response)
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the stdlib's name)
+        """Scrapes are not logged."""
