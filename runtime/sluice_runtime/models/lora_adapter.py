@@ -1,9 +1,10 @@
 """Reading a LoRA adapter in PEFT's format (adapter_config.json + adapter_model.safetensors) for a Llama model.
 
 Every check happens here, before an adapter reaches the engine, so a bad one is refused with a message naming
-what is wrong (a file, a key, a shape) and never half-loaded. The weights come out per layer and per projection
-of our fused layout (qkv_proj, o_proj, gate_up_proj, down_proj) with PEFT's scaling folded into B, so serving
-computes `x @ A.T @ B.T` and nothing else.
+what is wrong (a file, a key, a shape) and never half-loaded. The files are read through adapter_files (regular
+files inside the adapter's directory, within bounds), and every declared shape is checked before any tensor
+data is read. The weights come out per layer and per projection of our fused layout (qkv_proj, o_proj,
+gate_up_proj, down_proj) with PEFT's scaling folded into B, so serving computes `x @ A.T @ B.T` and nothing else.
 """
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from pathlib import Path
 
 import torch
 
+from .adapter_files import (
+    AdapterError, TensorEntry, open_inside, read_bounded, read_safetensors_header, read_tensors, resolve_directory,
+)
 from .config import ModelConfig
 
 # PEFT's module name -> (our fused projection, its part).
@@ -21,10 +25,13 @@ TARGETS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv
            "o_proj": ("o_proj", 0), "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
            "down_proj": ("down_proj", 0)}
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+# PEFT writes about a kilobyte of configuration.
+MAX_CONFIG_BYTES = 1024 * 1024
+_PEFT_DIRECTORY = ": a LoRA adapter is a PEFT directory with adapter_config.json and adapter_model.safetensors"
 
-
-class AdapterError(ValueError):
-    """An adapter that cannot be served; the message says why, for the person who sent it."""
+__all__ = ["AdapterError", "LoraAdapter", "TARGETS", "part_shapes", "read_adapter"]
 
 
 @dataclass
@@ -49,18 +56,37 @@ def part_shapes(cfg: ModelConfig) -> dict[str, list[tuple[int, int]]]:
 
 
 def read_adapter(path: str | Path, cfg: ModelConfig, max_rank: int, dtype: torch.dtype) -> LoraAdapter:
+    """The adapter at `path`, every check done on what its files declare before a tensor byte is read."""
     if not str(path).strip():  # Path("") is the working directory
         raise AdapterError("LoRA adapter path is empty")
-    directory = Path(path)
-    if not directory.is_dir():
-        raise AdapterError(f"LoRA adapter path {str(path)!r} is not a directory")
-    config = _read_config(directory)
+    directory, shown = resolve_directory(path), Path(path)
+    config = _read_config(directory, shown)
     rank, scaling = _rank_and_scaling(config, max_rank)
     _check_targets(config)
-    tensors = _read_tensors(directory)
     shapes = part_shapes(cfg)
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
+    with open_inside(directory, WEIGHTS_FILE, shown / WEIGHTS_FILE,
+                     " (adapters saved as .bin are not read; save with safetensors)") as file:
+        entries, data_start = read_safetensors_header(file, shown / WEIGHTS_FILE)
+        pairs = _pairs(entries, cfg, rank, shapes, config)
+        tensors = read_tensors(file, shown / WEIGHTS_FILE, entries, data_start)
+    weights: dict[tuple[int, str], list] = {}
+    for (layer, module), names in sorted(pairs.items()):
+        a, b = tensors[names["A"]], tensors[names["B"]]
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise AdapterError(f"layer {layer} {module}: the LoRA weights hold infinities or NaNs")
+        projection, part = TARGETS[module]
+        parts = weights.setdefault((layer, projection), [None] * len(shapes[projection]))
+        # Copies: the tensors read are views of one buffer of the whole file, which is let go.
+        parts[part] = (a.to(dtype, copy=True).contiguous(), (b.float() * scaling).to(dtype).contiguous())
+    return LoraAdapter(rank, weights)
+
+
+def _pairs(entries: dict[str, TensorEntry], cfg: ModelConfig, rank: int, shapes: dict[str, list[tuple[int, int]]],
+           config: dict) -> dict[tuple[int, str], dict[str, str]]:
+    """(layer, module) -> the names of its A and B tensors, refused unless every declared tensor is the LoRA
+    weight of a projection of this base model, of the adapter's rank."""
+    pairs: dict[tuple[int, str], dict[str, str]] = {}
+    for key in entries:
         match = _KEY.match(key)
         if match is None or match.group(2) not in TARGETS:
             raise AdapterError(f"adapter_model.safetensors holds {key!r}, which is not a LoRA weight of a "
@@ -69,41 +95,35 @@ def read_adapter(path: str | Path, cfg: ModelConfig, max_rank: int, dtype: torch
         if layer >= cfg.num_layers:
             raise AdapterError(f"{key!r} is for layer {layer}, but the base model has {cfg.num_layers} layers: "
                                f"the adapter was trained for another base model{_base_of(config)}")
-        pairs.setdefault((layer, module), {})[which] = tensor
-    weights: dict[tuple[int, str], list] = {}
+        pairs.setdefault((layer, module), {})[which] = key
     for (layer, module), pair in sorted(pairs.items()):
         if set(pair) != {"A", "B"}:
             missing = ({"A", "B"} - set(pair)).pop()
             raise AdapterError(f"layer {layer} {module} has no lora_{missing} weight")
-        projection, part = TARGETS[module]
-        in_features, out_features = shapes[projection][part]
-        a, b = pair["A"], pair["B"]
-        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape[1] != rank:
-            raise AdapterError(f"layer {layer} {module}: lora_A is {tuple(a.shape)} and lora_B {tuple(b.shape)}, "
+        in_features, out_features = shapes[TARGETS[module][0]][TARGETS[module][1]]
+        a, b = entries[pair["A"]].shape, entries[pair["B"]].shape
+        if len(a) != 2 or len(b) != 2 or a[0] != rank or b[1] != rank:
+            raise AdapterError(f"layer {layer} {module}: lora_A is {a} and lora_B {b}, "
                                f"which is not rank {rank} as adapter_config.json's r says")
-        if a.shape != (rank, in_features) or b.shape != (out_features, rank):
+        if a != (rank, in_features) or b != (out_features, rank):
             raise AdapterError(
-                f"layer {layer} {module}: lora_A is {tuple(a.shape)} and lora_B {tuple(b.shape)}, but a rank-{rank} "
+                f"layer {layer} {module}: lora_A is {a} and lora_B {b}, but a rank-{rank} "
                 f"adapter of this base model has ({rank}, {in_features}) and ({out_features}, {rank}): the adapter "
                 f"was trained for another base model{_base_of(config)}")
-        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-            raise AdapterError(f"layer {layer} {module}: the LoRA weights hold infinities or NaNs")
-        parts = weights.setdefault((layer, projection), [None] * len(shapes[projection]))
-        parts[part] = (a.to(dtype).contiguous(), (b.float() * scaling).to(dtype).contiguous())
-    if not weights:
+    if not pairs:
         raise AdapterError("adapter_model.safetensors holds no LoRA weights")
-    return LoraAdapter(rank, weights)
+    return pairs
 
 
-def _read_config(directory: Path) -> dict:
-    file = directory / "adapter_config.json"
+def _read_config(directory: Path, shown: Path) -> dict:
+    file = shown / CONFIG_FILE
+    with open_inside(directory, CONFIG_FILE, file, _PEFT_DIRECTORY) as opened:
+        raw = read_bounded(opened, file, MAX_CONFIG_BYTES)
     try:
-        config = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise AdapterError(f"{file} is missing: a LoRA adapter is a PEFT directory with adapter_config.json and "
-                           "adapter_model.safetensors") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise AdapterError(f"{file} is not valid JSON: {exc}") from None
+        config = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = "it nests too deeply" if isinstance(exc, RecursionError) else exc
+        raise AdapterError(f"{file} is not valid JSON: {reason}") from None
     if not isinstance(config, dict):
         raise AdapterError(f"{file} must hold a JSON object")
     peft_type = config.get("peft_type", "LORA")
@@ -140,19 +160,6 @@ def _check_targets(config: dict) -> None:
     if unknown:
         raise AdapterError(f"adapter_config.json targets {', '.join(unknown)}; LoRA is served on "
                            f"{', '.join(TARGETS)} only")
-
-
-def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    file = directory / "adapter_model.safetensors"
-    if not file.is_file():
-        raise AdapterError(f"{file} is missing (adapters saved as .bin are not read; save with safetensors)")
-    try:
-        return load_file(str(file))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise AdapterError(f"{file} is corrupt: {exc}") from None
 
 
 def _base_of(config: dict) -> str:
