@@ -40,10 +40,20 @@ class _EngineStateCollector:
             (CounterMetricFamily, names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.",
              s.prefix_cache_hits),
             (CounterMetricFamily, names.NUM_PREEMPTIONS, "Requests preempted to free KV blocks.", s.num_preemptions),
+            (GaugeMetricFamily, names.ESTIMATED_QUEUE_SECONDS, "Seconds before a request of the default priority "
+             "arriving now would start, as the engine estimates it from its measured step times and its queue.",
+             s.estimated_queue_s),
         ):
             metric = family(name, doc, labels=[names.MODEL_LABEL])
             metric.add_metric([self._model], value)
             yield metric
+        refused = CounterMetricFamily(names.REQUESTS_REFUSED, "Requests refused at once or ended before they "
+                                      "started (503 with Retry-After), by reason: not answerable within their "
+                                      "budget, queue full, budget passed while queued.",
+                                      labels=[names.MODEL_LABEL, names.REFUSAL_REASON_LABEL])
+        for reason in (names.REFUSAL_DEADLINE, names.REFUSAL_QUEUE_FULL, names.REFUSAL_BUDGET_PASSED):
+            refused.add_metric([self._model, reason], s.refused_by_reason.get(reason, 0))
+        yield refused
         info = GaugeMetricFamily(names.CACHE_CONFIG_INFO, "KV-cache configuration.",
                                  labels=[names.MODEL_LABEL, "block_size", "num_gpu_blocks"])
         info.add_metric([self._model, str(s.block_size), str(s.num_kv_blocks)], 1)

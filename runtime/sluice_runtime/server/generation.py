@@ -7,14 +7,15 @@ import logging
 import time
 from typing import AsyncIterator
 
-from sluice_runtime.engine.errors import EngineDead, EngineError, EngineOverloaded, RequestRejected
+from sluice_runtime.engine.errors import DeadlinePassed, EngineDead, EngineError, EngineOverloaded, RequestRejected
 from sluice_runtime.engine.lora_registry import LoraNotFound
-from sluice_runtime.engine.outputs import RequestOutput
+from sluice_runtime.engine.outputs import EXPIRED, RequestOutput
 from sluice_runtime.sampling_params import SamplingParams
 
 from .disconnect import ClientDisconnected, until_disconnected
 from .errors import APIError, internal_error, invalid_request, model_not_found, overloaded, shutting_down
 from .normalize import GenerationRequest
+from .request_budget import BUDGET
 from .request_log import RequestRecord
 from .sse import DONE, SSEResponse, error_event
 
@@ -27,7 +28,9 @@ def engine_error(exc: Exception) -> APIError:
     if isinstance(exc, LoraNotFound):  # unloaded between the request's check and its admission
         return model_not_found(exc.name)
     if isinstance(exc, EngineOverloaded):
-        return overloaded(str(exc), exc.retry_after_s)
+        err = overloaded(str(exc), exc.retry_after_s)
+        err.code = exc.code
+        return err
     if isinstance(exc, RequestRejected):
         return invalid_request(str(exc), code=exc.code)
     if isinstance(exc, EngineDead):
@@ -45,13 +48,16 @@ class GenerationRunner:
         self._metrics = metrics
         self._timeout = settings.request_timeout
         self._stream_idle_timeout = settings.stream_idle_timeout
+        self._admission = engine.config.deadline_admission
+        self._default_budget = engine.config.default_budget_s
 
     async def start(self, greq: GenerationRequest, receive, record: RequestRecord) -> AsyncIterator[Item]:
         """Submit every prompt and wait for the first output, so that admission errors become HTTP statuses.
 
         The iterator returned yields that first output, then the rest until every prompt has finished;
         closing it aborts the engine requests still running."""
-        outputs = self._outputs(greq)
+        budget = BUDGET.get()
+        outputs = self._outputs(greq, self._default_budget if budget is None else budget)
         try:
             first = await until_disconnected(receive, outputs.__anext__())
         except ClientDisconnected:
@@ -142,11 +148,11 @@ class GenerationRunner:
                 if m.finished_time is not None:
                     record.decode_s = round(m.finished_time - m.first_token_time, 4)
 
-    async def _outputs(self, greq: GenerationRequest) -> AsyncIterator[Item]:
+    async def _outputs(self, greq: GenerationRequest, budget: float) -> AsyncIterator[Item]:
         deadline = time.time() + self._timeout if self._timeout else None
         ids = [greq.request_id if len(greq.prompts) == 1 else f"{greq.request_id}-{i}"
                for i in range(len(greq.prompts))]
-        streams = [self._tracked(ids[i], prompt, _params_for(greq, i), greq, deadline)
+        streams = [self._tracked(ids[i], prompt, _params_for(greq, i), greq, deadline, budget)
                    for i, prompt in enumerate(greq.prompts)]
         merged = _numbered(streams[0]) if len(streams) == 1 else _merge(streams)
         unfinished = len(streams)
@@ -160,15 +166,36 @@ class GenerationRunner:
             await merged.aclose()
 
     async def _tracked(self, request_id: str, prompt: list[int], params: SamplingParams, greq: GenerationRequest,
-                       deadline):
+                       deadline, budget: float):
+        """One prompt's engine request. With deadline admission, it is refused at once when its answer's first
+        byte is not expected within `budget` seconds, and ended with the same 503 when too little of the budget is
+        left for it to be answered in time and it has not started (the engine checks that at its next step)."""
+        engine = self._engine.engine
+        expiry = None
+        if self._admission:
+            engine.check_budget(prompt, params, greq.priority, greq.stream, budget)
+            # Once less is left than its own service takes, it cannot be answered in time even if it starts.
+            left = max(0.0, budget - engine.service_s(len(prompt), params, greq.stream))
+            expiry = asyncio.get_running_loop().call_later(left, engine.expire, request_id)
         with self._lifecycle.track(request_id):
             outputs = self._engine.generate(prompt, params, request_id, priority=greq.priority, deadline=deadline,
                                             tenant=greq.tenant, share=greq.share, lora=greq.lora,
                                             streamed=greq.stream)
             try:
                 async for out in outputs:
+                    if expiry is not None:
+                        expiry.cancel()
+                    if out.finished and out.outputs[0].finish_reason == EXPIRED:
+                        estimate = engine.first_byte_estimate(len(prompt), params, greq.priority, greq.stream)
+                        raise DeadlinePassed(
+                            f"this request's budget of {budget:g} s ran out while it was queued (too little was left "
+                            f"for its answer to come in time); its answer's first byte is now expected in "
+                            f"{estimate:.1f} s; retry later or elsewhere",
+                            retry_after_s=estimate - budget)
                     yield out
             finally:
+                if expiry is not None:
+                    expiry.cancel()
                 await outputs.aclose()
 
 
