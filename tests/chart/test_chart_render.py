@@ -36,7 +36,7 @@ def test_default_install_runs_operator_gateway_and_their_redis(default_objects):
     kinds = sorted({obj["kind"] for obj in default_objects})
     assert kinds == ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
                      "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
-                     "StatefulSet"]
+                     "StatefulSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     assert {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")} == {
         "sluice-operator", "sluice-gateway"}
 
@@ -181,6 +181,29 @@ def test_engine_images_and_inference_pools_reach_the_operator(helm):
                         "/inferencePool/endpointPicker/failureMode")):
         refused = helm.run("template", "sluice", str(CHART), *bad, check=False)
         assert refused.returncode != 0 and where in refused.stderr, refused.stderr
+
+
+def test_allowed_image_prefixes_and_the_guard_image_reach_the_operator_and_the_admission_policy(helm):
+    from sluice_operator.cli import _parser, _policy
+
+    objects = helm.template("--set", "image.tag=9.9.9")
+    args = pod_spec(one(objects, "Deployment", "-operator"))["containers"][0]["args"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["operator"]["allowedImagePrefixes"]
+    assert [a for a in args if a.startswith("--allowed-image-prefix=")] == [f"--allowed-image-prefix={p}" for p in values]
+    assert "--guard-image=ghcr.io/sluice-dev/sluice-operator:9.9.9" in args
+    # The operator's own parser takes what the chart passes.
+    policy = _policy(_parser().parse_args(["run", *[a for a in args if a.startswith(("--allowed", "--guard"))]]))
+    assert policy.image_prefixes == tuple(values) and policy.guard_image.endswith(":9.9.9")
+    vap = one(objects, "ValidatingAdmissionPolicy")
+    prefixes = next(v for v in vap["spec"]["variables"] if v["name"] == "prefixes")["expression"]
+    assert json.loads(prefixes) == values
+    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"] and binding["spec"]["validationActions"] == ["Deny"]
+    for bad in (["--set", "operator.allowedImagePrefixes=null"], ["--set-json", "operator.allowedImagePrefixes=[]"],
+                ["--set-json", 'operator.allowedImagePrefixes=["vllm/vllm-openai"]'],
+                ["--set-json", "operator.allowedImagePrefixes=[\"ghcr.io/x']\"]"]):
+        refused = helm.run("template", "sluice", str(CHART), *bad, check=False)
+        assert refused.returncode != 0 and "allowedImagePrefixes" in refused.stderr, (bad, refused.stderr)
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,8 @@ TABLE = "sluice-routing-table"
 RELEASE = "sluice"  # the release the RBAC file's resourceNames are written for
 CREDENTIAL = runtime_credential.secret_name(RELEASE)
 ENFORCE = "pod-security.kubernetes.io/enforce"
+ALLOWED_IMAGES = "ghcr.io/sluice-dev/"  # the registry prefix the test's operator lets models use
+GUARD_IMAGE = "ghcr.io/sluice-dev/sluice-operator:test"
 # A model whose pods the launcher runs as processes (the others are kwok's alone), sized for a 2-core machine.
 SERVED = {
     "apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "served"},
@@ -110,6 +112,7 @@ class Operator:
              "--namespace", self.other, "--release", RELEASE, "--release-namespace", self.namespace,
              "--network-policy-gateway", "app.kubernetes.io/component=gateway,app.kubernetes.io/instance=sluice",
              "--network-policy-operator", "app.kubernetes.io/component=operator,app.kubernetes.io/instance=sluice",
+             "--allowed-image-prefix", ALLOWED_IMAGES, "--guard-image", GUARD_IMAGE,
              "--peering", self.peering, "--health-port", str(port), "--autoscale-interval", "2",
              *(["--priority", str(self.priority)] if self.priority is not None else [])],
             env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
@@ -615,3 +618,75 @@ def test_deletion_leaves_nothing_behind(setup, samples):
 
     wait_for(gone, timeout=60, what="owned objects and the routing table to be deleted")
     assert operator.forbidden() == []
+
+
+def _events(api: Api, name: str, reason: str) -> list[dict]:
+    return json.loads(api.run("get", "events", "--field-selector", f"involvedObject.name={name},reason={reason}",
+                              "-o", "json").stdout)["items"]
+
+
+def test_an_image_under_no_allowed_prefix_gets_no_deployment(setup):
+    """runtime.image outside --allowed-image-prefix: a condition and a Warning event, no Deployment; under it,
+    the model runs."""
+    api, _ = setup
+    model = {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "foreign-image"},
+             "spec": {"model": {"source": "smollm2"}, "runtime": {"image": "docker.io/library/busybox:1"}}}
+    api.apply(model)
+    degraded = wait_for(lambda: (c := api.condition("im", "foreign-image", "Degraded")).get("reason")
+                        == "ImageNotAllowed" and c, what="Degraded/ImageNotAllowed")
+    assert "'docker.io/library/busybox:1' is not under a registry prefix" in degraded["message"]
+    assert ALLOWED_IMAGES in degraded["message"]
+    assert _events(api, "foreign-image", "ImageNotAllowed")[0]["type"] == "Warning"
+    assert api.get("deployment", "foreign-image") is None
+    # A look-alike of the allowed registry is another registry.
+    api.apply({**model, "spec": {**model["spec"], "runtime": {"image": "ghcr.io/sluice-devx/runtime:1"}}})
+    wait_for(lambda: "sluice-devx" in api.condition("im", "foreign-image", "Degraded").get("message", ""),
+             what="the second refusal")
+    assert api.get("deployment", "foreign-image") is None
+    allowed = "ghcr.io/sluice-dev/sluice-runtime:0.1.0-cuda"
+    api.apply({**model, "spec": {**model["spec"], "runtime": {"image": allowed}}})
+    deployment = wait_for(lambda: api.get("deployment", "foreign-image"), what="the Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == allowed
+    api.run("delete", "im", "foreign-image", "--wait=false")
+
+
+def test_a_token_secret_must_be_opened_to_models(setup):
+    """model.tokenSecret naming a Secret without sluice.dev/model-token=true (or none at all): a condition and a
+    Warning event, no Deployment; once the platform team labels it, the model runs with the token."""
+    api, _ = setup
+    api.run("create", "secret", "generic", "hf-plain", "--from-literal=HF_TOKEN=hf_secret")
+    model = {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "gated"},
+             "spec": {"model": {"source": "hf:org/gated", "tokenSecret": {"name": "missing"}}}}
+    api.apply(model)
+    wait_for(lambda: "does not exist" in api.condition("im", "gated", "Degraded").get("message", ""),
+             what="the missing Secret reported")
+    api.apply({**model, "spec": {"model": {"source": "hf:org/gated", "tokenSecret": {"name": "hf-plain"}}}})
+    degraded = wait_for(lambda: (c := api.condition("im", "gated", "Degraded")).get("reason") == "TokenSecretNotAllowed"
+                        and "not open to models" in c.get("message", "") and c, what="Degraded/TokenSecretNotAllowed")
+    assert "sluice.dev/model-token=true" in degraded["message"]
+    assert _events(api, "gated", "TokenSecretNotAllowed")[0]["type"] == "Warning"
+    assert api.get("deployment", "gated") is None
+    # The label as an annotation, or with another value, opens nothing.
+    api.run("annotate", "secret", "hf-plain", "sluice.dev/model-token=true")
+    api.run("label", "secret", "hf-plain", "sluice.dev/model-token=yes")
+    time.sleep(3)
+    assert api.get("deployment", "gated") is None
+    api.run("label", "--overwrite", "secret", "hf-plain", "sluice.dev/model-token=true")
+    deployment = wait_for(lambda: api.get("deployment", "gated"), timeout=60, what="the Deployment once opened")
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    token = next(e for e in env if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-plain", "key": "HF_TOKEN"}
+    api.run("delete", "im", "gated", "--wait=false")
+
+
+def test_a_vllm_model_runs_its_engine_behind_the_guard(setup):
+    api, _ = setup
+    api.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "guarded"},
+               "spec": {"model": {"source": "smollm2"}, "runtime": {"engine": "vllm"}, "replicas": 0,
+                        "autoscaling": {"minReplicas": 0, "scaleToZeroAfterSeconds": 60}}})
+    deployment = wait_for(lambda: api.get("deployment", "guarded"), what="the Deployment")
+    runtime, guard = deployment["spec"]["template"]["spec"]["containers"]
+    assert guard["name"] == "engine-guard" and guard["image"] == GUARD_IMAGE
+    assert [m["mountPath"] for m in guard["volumeMounts"]] == [runtime_credential.MOUNT_DIR]
+    assert runtime_credential.MOUNT_DIR not in [m["mountPath"] for m in runtime["volumeMounts"]]
+    api.run("delete", "im", "guarded", "--wait=false")

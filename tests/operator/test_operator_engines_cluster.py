@@ -74,7 +74,8 @@ def test_each_engines_objects_pass_a_server_side_dry_run(kube_cluster, namespace
             "model": {"source": "hf:Qwen/Qwen3-0.6B", "revision": "main", "tokenSecret": {"name": "hf"}},
             "runtime": {"engine": engine, **extra}, "resources": {"gpus": 2}, "tensorParallelSize": 2})
         owner = Owner(name=f"m-{engine}", namespace=namespace, uid=str(uuid.uuid4()))
-        docs += build_all(owner, spec, Release("sluice", "sluice-system"))
+        docs += build_all(owner, spec, Release("sluice", "sluice-system"),
+                          guard_image="ghcr.io/sluice-dev/sluice-operator:0.1.0")
     result = _dry_run(kube_cluster, namespace, docs)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.split()) == len(docs) == 9
