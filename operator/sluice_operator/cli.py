@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="labels of the operator's pods in --release-namespace (its autoscaler scrapes them)")
     policy.add_argument("--network-policy-monitoring", type=_labels, metavar="K=V,...",
                         help="labels of the namespaces whose pods scrape runtime pods' /metrics (optional)")
+    policy.add_argument("--network-policy-monitoring-pods", type=_labels, metavar="K=V,...",
+                        help="labels of the scraper's pods in those namespaces (optional; any pod there without it)")
     run.add_argument("--engine-image", type=_engine_image, action="append", default=[], metavar="ENGINE=IMAGE",
                      help="the image of an engine (sluice, vllm, sglang) for models whose runtime.image is unset "
                           "(repeatable; default: the pinned images in the CRD's description)")
@@ -160,12 +162,16 @@ def _release(args: argparse.Namespace) -> "Release | None":
     if (peers[0] is None) != (peers[1] is None):
         _parser().error("--network-policy-gateway and --network-policy-operator go together")
     if args.release is None:
-        if peers[0] is not None or args.network_policy_monitoring is not None:
+        if peers[0] is not None or args.network_policy_monitoring is not None \
+                or args.network_policy_monitoring_pods is not None:
             _parser().error("the --network-policy-* flags need --release")
         return None
     if peers[0] is None and args.network_policy_monitoring is not None:
         _parser().error("--network-policy-monitoring needs --network-policy-gateway and --network-policy-operator")
-    network = NetworkPeers(*peers, args.network_policy_monitoring) if peers[0] is not None else None
+    if args.network_policy_monitoring_pods is not None and args.network_policy_monitoring is None:
+        _parser().error("--network-policy-monitoring-pods needs --network-policy-monitoring")
+    network = (NetworkPeers(*peers, args.network_policy_monitoring, args.network_policy_monitoring_pods)
+               if peers[0] is not None else None)
     return Release(args.release, args.release_namespace, network)
 
 

@@ -350,3 +350,35 @@ def test_every_allowed_sluice_flag_is_one_the_runtime_parses():
     engine, server = EngineConfig.from_cli_args(parsed), ServerSettings.from_cli_args(parsed)
     assert engine.enforce_eager and engine.pooling == "last" and engine.max_num_batched_tokens == 256
     assert server.request_timeout == 30.5 and not server.log_prompts and server.chat_template is None
+
+
+@pytest.mark.parametrize("source, admitted", [
+    (("monitoring", {"app.kubernetes.io/name": "prometheus"}), True),
+    (("monitoring", {}), False),
+    (("monitoring", {"app.kubernetes.io/name": "grafana"}), False),
+    # The scraper's labels in a namespace that is not a monitoring one.
+    (("team-b", {"app.kubernetes.io/name": "prometheus"}), False),
+])
+def test_runtime_network_policy_admits_the_scraper_by_namespace_and_labels(source, admitted):
+    from fixtures.network_policy import Pod, admits
+
+    from sluice_operator.builders import NetworkPeers, Release, build_runtime_network_policy
+
+    peers = NetworkPeers(GATEWAY, OPERATOR, {"kubernetes.io/metadata.name": "monitoring"},
+                         {"app.kubernetes.io/name": "prometheus"})
+    policy = build_runtime_network_policy(Release("prod", "sluice", peers), "demo", [])
+    target = Pod("demo", build_deployment(OWNER, _spec())["spec"]["template"]["metadata"]["labels"])
+    assert admits([policy], Pod(*source), target, 8000) is admitted
+
+
+def test_the_scraper_pod_flag_reaches_the_policy_and_needs_its_namespaces(capsys):
+    from sluice_operator.cli import _parser, _release
+
+    base = ["run", "--release", "r", "--release-namespace", "s", "--network-policy-gateway", "a=b",
+            "--network-policy-operator", "c=d"]
+    release = _release(_parser().parse_args([*base, "--network-policy-monitoring", "kubernetes.io/metadata.name=m",
+                                             "--network-policy-monitoring-pods", "app=prometheus"]))
+    assert release.peers.monitoring_pods == {"app": "prometheus"}
+    with pytest.raises(SystemExit):
+        _release(_parser().parse_args([*base, "--network-policy-monitoring-pods", "app=prometheus"]))
+    assert "--network-policy-monitoring-pods needs --network-policy-monitoring" in capsys.readouterr().err

@@ -29,6 +29,8 @@ class NetworkPeers:
     gateway: dict[str, str]  # labels of the gateway's pods, in the release namespace
     operator: dict[str, str]  # labels of the operator's pods there (it scrapes /metrics and /load)
     monitoring: dict[str, str] | None = None  # labels of the namespaces Prometheus scrapes from
+    # labels of the scraper's pods there; None: any pod of those namespaces
+    monitoring_pods: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,8 @@ def build_credential_copy(release: Release, namespace: str, credential: str,
 def build_runtime_network_policy(release: Release, namespace: str, models: list[dict[str, Any]]) -> dict[str, Any]:
     """Runtime pods accept connections from the release's gateway and operator, each matched by its namespace
     AND its labels (one peer, both selectors: labels alone are anyone's to set in their own namespace), and
-    from the monitoring namespaces. Their metrics share the API port, where the runtime credential guards
-    every path but the probes' and the scraper's."""
+    from the monitoring namespaces (their scraper's pods only, where its labels are given). Their metrics share
+    the API port, where the runtime credential guards every path but the probes' and the scraper's."""
     peers = release.peers
     home = {NAMESPACE_NAME_LABEL: release.namespace}
     port = [{"port": RUNTIME_PORT, "protocol": "TCP"}]
@@ -101,7 +103,10 @@ def build_runtime_network_policy(release: Release, namespace: str, models: list[
         for labels in (peers.gateway, peers.operator)
     ]
     if peers.monitoring:
-        ingress.append({"from": [{"namespaceSelector": {"matchLabels": dict(peers.monitoring)}}], "ports": port})
+        scraper: dict[str, Any] = {"namespaceSelector": {"matchLabels": dict(peers.monitoring)}}
+        if peers.monitoring_pods:
+            scraper["podSelector"] = {"matchLabels": dict(peers.monitoring_pods)}
+        ingress.append({"from": [scraper], "ports": port})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
