@@ -105,9 +105,10 @@ def test_a_guarded_engine_listens_on_loopback_behind_the_engine_guard(engine):
     pod = _pod(_spec(engine))
     runtime, guard = pod["containers"]
     assert guard["name"] == engine_guard.CONTAINER_NAME and guard["image"] == GUARD_IMAGE
-    assert guard["command"] == [engine_guard.COMMAND, "--port", "8000", "--upstream",
+    assert guard["command"] == [engine_guard.COMMAND, "--host", "$(POD_IP)", "--port", "8000", "--upstream",
                                 f"http://{engine_guard.ENGINE_HOST}:{engine_guard.ENGINE_PORT}",
                                 "--credential-file", runtime_credential.MOUNT_PATH]
+    assert guard["env"] == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     # The serving port (the Service's named targetPort) is the guard's; the engine has none and only loopback.
     assert guard["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}] and "ports" not in runtime
     assert _flag(runtime["args"], "--host") == engine_guard.ENGINE_HOST
@@ -188,3 +189,67 @@ def test_the_crd_refuses_what_sglang_lacks_with_the_same_message():
                     "message": "runtime.kvCacheMemory is not supported by engine sglang: SGLang sizes its KV cache "
                                "from runtime.gpuMemoryUtilization (--mem-fraction-static)"}
     assert "default" not in runtime["properties"]["image"] and "default" not in runtime["properties"]["dtype"]
+
+
+def test_the_guard_runs_as_built_and_refuses_a_request_without_the_credential(tmp_path):
+    """The guard container's command, as the builder writes it (the pod's address and the credential's mount
+    made local), starts the real `sluice-engine-guard`: inference paths want the credential, probes pass."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from pathlib import Path
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    credential = tmp_path / "api-key"
+    credential.write_text("sk-runtime\n")
+    (_, guard) = _pod(_spec("vllm"))["containers"]
+    local = {"$(POD_IP)": "127.0.0.1", "8000": str(port), runtime_credential.MOUNT_PATH: str(credential),
+             guard["command"][guard["command"].index("--upstream") + 1]: f"http://127.0.0.1:{engine.server_port}"}
+    command = [local.get(part, part) for part in guard["command"]]
+    command[0] = str(Path(sys.executable).parent / command[0])
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ))
+    try:
+        def get(path, headers=None):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+            try:
+                return urllib.request.urlopen(request, timeout=5).status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, process.stderr.read().decode()
+            try:
+                status = get("/health")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the guard did not start listening"
+                time.sleep(0.2)
+        assert status == 200
+        for path in ("/v1/models", "/invocations", "/tokenize", "/v2/rerank"):
+            assert get(path) == 401, path
+        assert get("/v1/models", {"Authorization": "Bearer sk-runtime"}) == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        engine.shutdown()

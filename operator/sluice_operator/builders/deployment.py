@@ -112,6 +112,9 @@ def _container(spec: InferenceModelSpec, image: str, command: EngineCommand, env
     }
 
 
+_POD_IP = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
 def _serving_port() -> dict[str, Any]:
     return {"name": "http", "containerPort": RUNTIME_PORT, "protocol": "TCP"}
 
@@ -123,10 +126,12 @@ def _guard_container(image: str, pull_policy: str, credential_mount: dict[str, A
         "name": engine_guard.CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": pull_policy,
-        "command": [engine_guard.COMMAND, "--port", str(RUNTIME_PORT),
+        # The pod's own address, as Sluice's runtime listens: where probes and the gateway reach it.
+        "command": [engine_guard.COMMAND, "--host", "$(POD_IP)", "--port", str(RUNTIME_PORT),
                     "--upstream", f"http://{engine_guard.ENGINE_HOST}:{engine_guard.ENGINE_PORT}",
                     "--credential-file", runtime_credential.MOUNT_PATH],
         "ports": [_serving_port()],
+        "env": [_POD_IP],
         "resources": GUARD_RESOURCES,
         "volumeMounts": [credential_mount],
         # It keeps forwarding while the gateways drop the endpoint, as the engine keeps serving.
@@ -188,7 +193,7 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     env = [
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        _POD_IP,
         *writable_env(),
         {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu))},
         *command.env,
