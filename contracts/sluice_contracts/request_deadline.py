@@ -42,7 +42,8 @@ CLASS_BUDGET_S = {"critical": 10.0, "batch": 600.0}
 DEADLINE_UNATTAINABLE = "deadline_unattainable"
 DEADLINE_PASSED = "deadline_passed"
 
-_SECONDS = re.compile(r"^\s*[0-9]{1,9}(\.[0-9]{1,9})?\s*$")
+# A plain decimal or exponent number, as clients print floats ("600.0", "1e-05"): no sign, nan, inf or hex.
+_SECONDS = re.compile(r"^\s*[0-9]{1,20}(\.[0-9]{0,20})?([eE][+-]?[0-9]{1,3})?\s*$")
 
 
 class InvalidBudget(ValueError):

@@ -213,6 +213,13 @@ class LLMEngine:
         own = Queued(num_prompt_tokens, self._expected_output(params, num_prompt_tokens), params.n)
         return admission.first_byte_s(self._load, ahead, own, streamed)
 
+    def service_s(self, num_prompt_tokens: int, params: SamplingParams, streamed: bool) -> float:
+        """Seconds a request takes to its answer's first byte once it starts (its prefill, then one step or, read
+        whole, all its decodes): the least of its budget it must have left when it starts. Thread-safe."""
+        own = Queued(num_prompt_tokens, self._expected_output(params, num_prompt_tokens), params.n)
+        return admission.first_byte_s(EngineLoad(self._load.decode_step_s, self._load.prefill_token_s, 1), [], own,
+                                      streamed)
+
     def check_budget(self, prompt_token_ids: list[int], params: SamplingParams, priority: int, streamed: bool,
                      budget_s: float) -> None:
         """Refuses a request whose answer's first byte is not expected within `budget_s` seconds, with the
