@@ -216,6 +216,19 @@ def test_the_engines_answers_come_back_as_sent(guard, engine):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
+def test_a_chunked_body_and_a_large_answer_pass_whole(guard, engine):
+    prompt = "many words in a row " * 30000  # an answer of many reads: ~120,000 token ids
+    def chunks():
+        text = json.dumps({"model": TINY_MODEL_NAME, "prompt": prompt}).encode()
+        for start in range(0, len(text), 7000):
+            yield text[start:start + 7000]
+    through = httpx.post(f"{guard.url}/tokenize", content=chunks(), timeout=60,
+                         headers={**AUTH, "content-type": "application/json"})
+    direct = httpx.post(f"{engine.url}/tokenize", json={"model": TINY_MODEL_NAME, "prompt": prompt}, timeout=60)
+    assert through.status_code == 200, through.text
+    assert len(through.content) > 256 * 1024 and through.json() == direct.json()
+
+
 @pytest.mark.parametrize("path", sorted(OPEN_PATHS))
 def test_the_probe_and_scrape_paths_pass_without_the_credential(guard, engine, path):
     through = httpx.get(f"{guard.url}{path}", timeout=30)
@@ -270,6 +283,23 @@ def test_a_client_that_leaves_mid_stream_ends_the_engines_request(guard, engine)
     assert httpx.get(f"{engine.url}/load", timeout=10).json()["running"] == 0
 
 
+def test_an_engine_that_dies_mid_stream_cuts_the_clients_stream_too(spare_runtime, secret_dir, tmp_path):
+    body = {"model": TINY_MODEL_NAME, "messages": [{"role": "user", "content": "Talk."}], "max_tokens": 2000,
+            "ignore_eos": True, "stream": True}
+    with run_guard(spare_runtime.url, secret_dir / "api-key", tmp_path) as guard:
+        with httpx.stream("POST", f"{guard.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            spare_runtime.process.kill()
+            # The client sees a cut, not a stream that looks complete ("data: [DONE]" and the chunked end).
+            with pytest.raises(httpx.RemoteProtocolError):
+                for line in lines:
+                    assert line != "data: [DONE]"
+        assert "the engine closed the connection mid-response" in guard.log()
+        assert "Traceback" not in guard.log()
+
+
 def test_a_rotated_credential_file_takes_effect_and_the_old_one_lapses(engine, tmp_path):
     directory = tmp_path / "runtime-credential"
     key = write_secret_volume(directory, CREDENTIAL)
@@ -316,6 +346,19 @@ def test_request_heads_are_bounded(guard):
     assert status == 431
     status, _, _ = raw_request(guard.port, f"GET /health?{'q' * MAX_REQUEST_LINE_BYTES} HTTP/1.1\r\nhost: x")
     assert status == 414
+    # One endless header line: cut off after about the bound, not buffered until it ends.
+    sent = 0
+    with socket.create_connection(("127.0.0.1", guard.port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-long: ")
+        with contextlib.suppress(OSError):
+            while sent < 16 * 1024 * 1024:
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431") and sent < 4 * 1024 * 1024
     assert httpx.get(f"{guard.url}/health", timeout=10).status_code == 200
 
 
