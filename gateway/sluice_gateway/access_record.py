@@ -12,9 +12,13 @@ from .request_context import RequestContext
 access_log = logging.getLogger("sluice_gateway.access")
 
 
+# The route label of a request refused before its route was resolved: a label never holds a client's words.
+UNKNOWN_ROUTE = "unknown"
+
+
 def record(ctx: RequestContext, metrics: GatewayMetrics, log_it: bool) -> None:
     outcome, tenant = ctx.outcome, ctx.tenant
-    metrics.requests.labels(outcome.route, outcome.backend, tenant, str(outcome.status)).inc()
+    metrics.requests.labels(outcome.route or UNKNOWN_ROUTE, outcome.backend, tenant, str(outcome.status)).inc()
     metrics.overhead.observe(outcome.overhead_s)
     if outcome.prompt_tokens is not None:
         metrics.tokens.labels(tenant, "prompt").inc(outcome.prompt_tokens)

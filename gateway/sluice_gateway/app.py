@@ -24,7 +24,7 @@ from sluice_contracts.routing_table import Route, RoutingTable
 from .access_record import record
 from .admission import Admission
 from .auth import KeyStore, require_principal
-from .client_io import ClientGone, read_body, send_all
+from .client_io import ClientGone, DeadlinedSend, read_body, send_all
 from .cold_start_hold import ColdStartHold
 from .config import START_ONLY_FIELDS, GatewayConfig
 from .cost import check_context, reserve
@@ -183,11 +183,15 @@ class GatewayApp:
         client_id = client_id if client_id and _CLIENT_ID.match(client_id) else None
         path, method = scope["path"], scope["method"]
         kind = _PROXIED.get(path)
+        send = DeadlinedSend(send, scope, self.config.timeouts.client_send_s)
         if kind is not None and method == "POST":
             ctx = RequestContext(kind, path, own_id, client_id, started, Admission(self.limiter, self.metrics),
                                  response_headers=[(b"x-request-id", client_id or own_id),
                                                    (b"x-sluice-request-id", own_id)])
-            await self._proxy(ctx, headers, receive, send)
+            try:
+                await self._proxy(ctx, headers, receive, send)
+            finally:
+                send.cut_off()  # after _proxy settled the request's admission
             return
         try:
             if method != "GET" and (kind is not None or path in GET_ROUTES):
@@ -198,8 +202,11 @@ class GatewayApp:
             status, body, content_type = handler(self, headers)
         except GatewayError as err:
             status, body, content_type = err.status, err.body(), b"application/json"
-        await send_all(send, status, body, [(b"content-type", content_type), (b"x-request-id", client_id or own_id)],
-                       started)
+        try:
+            await send_all(send, status, body, [(b"content-type", content_type),
+                                                (b"x-request-id", client_id or own_id)], started)
+        except ClientGone:
+            send.cut_off()
 
     # -- the proxied endpoints ---------------------------------------------------------------------------
     async def _proxy(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send) -> None:

@@ -1,15 +1,48 @@
-"""Reading a client's request body and sending a whole response, over ASGI."""
+"""Reading a client's request body and sending to it, over ASGI, each under a deadline."""
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
+from .client_protocol import ABORT_EXTENSION
 from .errors import GatewayError
 
 
 class ClientGone(Exception):
-    """The client disconnected while the gateway was still reading its request."""
+    """The client disconnected while the gateway was still reading its request, or stopped reading the answer."""
+
+
+class ClientStalled(ClientGone):
+    """A send to the client did not complete within its deadline: the client stopped reading."""
+
+
+class DeadlinedSend:
+    """The ASGI `send` with a deadline on each call. A send waits while the client's socket is full (flow
+    control), which a client that stops reading makes forever; past `timeout_s` it raises ClientStalled, and
+    every later send is dropped. The caller settles the request, then `cut_off()` aborts the connection, which
+    frees its buffers at once."""
+
+    def __init__(self, send: Any, scope: dict[str, Any], timeout_s: float) -> None:
+        self._send = send
+        self._timeout_s = timeout_s
+        self._abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT_EXTENSION)
+        self.stalled = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if self.stalled:
+            return
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._send(message)
+        except TimeoutError:
+            self.stalled = True
+            raise ClientStalled from None
+
+    def cut_off(self) -> None:
+        if self.stalled and self._abort is not None:
+            self._abort()
 
 
 async def read_body(receive: Any, headers: dict[bytes, bytes], limit: int, timeout_s: float) -> bytes:

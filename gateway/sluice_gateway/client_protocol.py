@@ -5,6 +5,8 @@ on it: a connection that never sends a byte, or that sends its headers a byte at
 Here the idle timer also runs from the moment a connection is accepted, and a request's headers must be
 complete within `request_read_s` (the body has its own deadline in the app, where it is read).
 
+A client that stops reading its response is cut off by the app (client_io.py) through `ABORT_EXTENSION`.
+
 Nor does httptools bound a request's head: header lines arrive before any key is checked, and it buffers a
 header line of any length. The request line, the header count and the header bytes are bounded here
 (`sluice_contracts.http_bounds`); past one the client gets 414 or 431 and the connection is closed.
@@ -12,6 +14,7 @@ header line of any length. The request line, the header count and the header byt
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -22,6 +25,9 @@ from .errors import error_body
 
 # A head still incomplete after this many bytes has passed a bound, whichever (": " and CRLF per line aside).
 _MAX_HEAD_BYTES = MAX_REQUEST_LINE_BYTES + MAX_HEADER_BYTES + 4 * (MAX_HEADER_COUNT + 2)
+# The kernel's send buffer per client connection. Left to autotune, a stream to a client that stops reading pins
+# megabytes of kernel memory; this is ample for a stream's pace, and the send deadline does the rest.
+_SEND_BUFFER_BYTES = 256 * 1024
 _REASONS = {408: b"Request Timeout", 414: b"URI Too Long", 431: b"Request Header Fields Too Large"}
 
 
@@ -41,6 +47,10 @@ _HEADERS_TOO_LARGE = closing_response(
     431, f"the request's header fields take more than {MAX_HEADER_BYTES} bytes", "request_headers_too_large")
 
 
+# The ASGI scope extension through which the app cuts off a client that stopped reading (client_io.py).
+ABORT_EXTENSION = "sluice.abort"
+
+
 class _HeadRefused(Exception):
     """Raised inside httptools' callbacks, which stops the parser; the response is already written."""
 
@@ -58,6 +68,9 @@ class ClientProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         # Armed as after a response; the first byte of a request cancels it (uvicorn's data_received).
         self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
@@ -97,6 +110,8 @@ class ClientProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_deadline()
+        # uvicorn hands the app this scope in its on_headers_complete: it carries the way to abort the connection.
+        self.scope["extensions"] = {**self.scope.get("extensions", {}), ABORT_EXTENSION: self.transport.abort}
         super().on_headers_complete()
 
     def send_400_response(self, msg: str) -> None:

@@ -113,6 +113,11 @@ class Timeouts(_Strict):
     keep_alive_s: float = Field(
         default=5.0, gt=0, le=3600, description="A client connection idle this long (used or not) is closed."
     )
+    client_send_s: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="A client that reads none of its answer for this long is cut off (its request ended, its slot "
+                    "and reservation handed back, its connection aborted).",
+    )
 
 
 class Shutdown(_Strict):
