@@ -1,17 +1,24 @@
 """The credential that lets the gateway (and nothing else) call a runtime pod's inference endpoints.
 
-The operator creates one Secret per release and copies it into every namespace it serves; the gateway and the
-runtime pods mount it at `MOUNT_PATH`. The header is vLLM's `--api-key` convention (`Authorization: Bearer`),
-so a vLLM or SGLang pod given the same key accepts the same gateway.
+Each namespace a release serves has a credential of its own (`for_namespace`), so one that leaks opens that
+namespace's runtimes and no other's. The operator keeps the release's key in one Secret of the release's
+namespace, beside that namespace's own credential, and writes each other namespace's into a Secret of the
+same name there; a namespace's gateway and runtime pods mount its Secret at `MOUNT_PATH`. The header is vLLM's
+`--api-key` convention (`Authorization: Bearer`), so a vLLM or SGLang pod given the same key accepts the same
+gateway.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import os
 import time
 
 SECRET_SUFFIX = "runtime-credential"
 SECRET_KEY = "api-key"
+# The release's key, in its own namespace's Secret only: whoever holds it can make every namespace's credential.
+RELEASE_KEY = "release-key"
 MOUNT_DIR = "/var/run/sluice/runtime-credential"
 MOUNT_PATH = f"{MOUNT_DIR}/{SECRET_KEY}"
 HEADER = "authorization"
@@ -25,6 +32,13 @@ ROTATION_GRACE_S = 300.0
 
 def secret_name(release: str) -> str:
     return f"{release}-{SECRET_SUFFIX}"
+
+
+def for_namespace(release_key: str, namespace: str) -> str:
+    """The credential of the runtimes in `namespace`: an HMAC-SHA256 of its name under the release's key, so
+    knowing one namespace's reveals neither the key nor another namespace's, and a new key renews them all."""
+    digest = hmac.new(release_key.encode(), namespace.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 def header_value(credential: str) -> str:

@@ -337,9 +337,9 @@ def test_unschedulable_model_is_degraded_not_retried(setup):
     api.run("delete", "im", "big")
 
 
-def _credential(api) -> str:
+def _credential(api, key: str = runtime_credential.SECRET_KEY) -> str:
     secret = api.get("secret", CREDENTIAL)
-    return base64.b64decode(secret["data"][runtime_credential.SECRET_KEY]).decode()
+    return base64.b64decode(secret["data"][key]).decode()
 
 
 @pytest.fixture(scope="module")
@@ -411,9 +411,10 @@ def test_runtime_refuses_inference_without_the_release_credential(setup, served)
     assert status("/v1/chat/completions", {"authorization": runtime_credential.header_value(credential)}, body)[0] == 200
 
 
-def test_each_namespace_served_gets_the_credential_and_the_runtime_policy(setup, samples):
-    """The credential is copied (and follows its source); both namespaces get the runtime pods' NetworkPolicy,
-    accepted by the API server; everything goes with a namespace's last model."""
+def test_each_namespace_served_gets_its_own_credential_and_the_runtime_policy(setup, samples):
+    """Each namespace gets a credential of its own, made from the release key (and renewed with it); both
+    namespaces get the runtime pods' NetworkPolicy, accepted by the API server; everything goes with a
+    namespace's last model."""
     api, operator = setup
     other = Api(api.cluster, operator.other)
     policy = api.get("networkpolicy", f"{RELEASE}-runtime")
@@ -421,13 +422,16 @@ def test_each_namespace_served_gets_the_credential_and_the_runtime_policy(setup,
     peers = [rule["from"] for rule in policy["spec"]["ingress"]]
     assert all(len(peer) == 1 and {"namespaceSelector", "podSelector"} <= peer[0].keys() for peer in peers), peers
     source = api.get("secret", CREDENTIAL)
-    assert source["metadata"]["labels"]["sluice.dev/release"] == RELEASE and len(_credential(api)) >= 32
+    assert source["metadata"]["labels"]["sluice.dev/release"] == RELEASE
+    release_key = _credential(api, runtime_credential.RELEASE_KEY)
+    assert len(release_key) >= 32 and _credential(api) == runtime_credential.for_namespace(release_key, api.namespace)
     other.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "copied"},
                  "spec": {"model": {"source": "smollm2"}}})
     wait_for(lambda: other.get("deployment", "copied"), what="the model's Deployment")
     copy = other.get("secret", CREDENTIAL)
     assert copy is not None, "the copy is there before the Deployment that mounts it"
-    assert _credential(other) == _credential(api)
+    assert _credential(other) == runtime_credential.for_namespace(release_key, other.namespace) != _credential(api)
+    assert set(copy["data"]) == {runtime_credential.SECRET_KEY}, "the release key stays in the release's namespace"
     (ref,) = copy["metadata"]["ownerReferences"]
     assert ref["uid"] == other.get("im", "copied")["metadata"]["uid"]
     pod = other.get("deployment", "copied")["spec"]["template"]["spec"]
@@ -435,19 +439,29 @@ def test_each_namespace_served_gets_the_credential_and_the_runtime_policy(setup,
     assert runtime_credential.MOUNT_PATH in pod["containers"][0]["args"]
     assert other.get("networkpolicy", f"{RELEASE}-runtime")["spec"] == policy["spec"]
 
-    # Rotated by hand: the copy follows.
+    def renewed(key: str) -> bool:
+        return (_credential(api) == runtime_credential.for_namespace(key, api.namespace)
+                and _credential(other) == runtime_credential.for_namespace(key, other.namespace))
+
+    # A new release key by hand: both namespaces' credentials follow.
     rotated = "rotated-by-hand-" + uuid.uuid4().hex
     api.run("patch", "secret", CREDENTIAL, "--type=merge", "-p", json.dumps(
-        {"data": {runtime_credential.SECRET_KEY: base64.b64encode(rotated.encode()).decode()}}))
-    wait_for(lambda: _credential(other) == rotated, what="the copy to follow the rotated source")
-    # Deleted, or emptied: the operator makes a fresh one, and the copy follows again.
+        {"data": {runtime_credential.RELEASE_KEY: base64.b64encode(rotated.encode()).decode()}}))
+    wait_for(lambda: renewed(rotated), what="both credentials to follow the new release key")
+    # A namespace's credential written by hand is not the key's: it is put back.
+    api.run("patch", "secret", CREDENTIAL, "--type=merge", "-p", json.dumps(
+        {"data": {runtime_credential.SECRET_KEY: base64.b64encode(b"chosen-by-hand").decode()}}))
+    wait_for(lambda: renewed(rotated), what="the hand-written credential to be replaced")
+    # Deleted, or its key emptied: the operator makes a fresh key, and both follow again.
     api.run("delete", "secret", CREDENTIAL)
-    fresh = wait_for(lambda: api.get("secret", CREDENTIAL) and _credential(api), what="a fresh source")
+    fresh = wait_for(lambda: api.get("secret", CREDENTIAL) and _credential(api, runtime_credential.RELEASE_KEY),
+                     what="a fresh release key")
     assert fresh != rotated
-    wait_for(lambda: _credential(other) == fresh, what="the copy to follow the fresh source")
-    api.run("patch", "secret", CREDENTIAL, "--type=merge", "-p", json.dumps({"data": {runtime_credential.SECRET_KEY: ""}}))
-    wait_for(lambda: (value := _credential(api)) and value != fresh, what="the emptied source to be filled")
-    wait_for(lambda: _credential(other) == _credential(api), what="the copy to follow the refilled source")
+    wait_for(lambda: renewed(fresh), what="both credentials to follow the fresh key")
+    api.run("patch", "secret", CREDENTIAL, "--type=merge", "-p", json.dumps({"data": {runtime_credential.RELEASE_KEY: ""}}))
+    wait_for(lambda: (value := _credential(api, runtime_credential.RELEASE_KEY)) and value != fresh,
+             what="the emptied key to be made again")
+    wait_for(lambda: renewed(_credential(api, runtime_credential.RELEASE_KEY)), what="both to follow the new key")
 
     other.run("delete", "im", "copied")
     wait_for(lambda: other.get("secret", CREDENTIAL) is None and other.get("networkpolicy", f"{RELEASE}-runtime") is None,

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import kopf
 from pydantic import ValidationError
+from sluice_contracts import runtime_credential
 
 from ..adapter_sync import RuntimeApiError, adapters_loaded, load_adapter, plan, unload_adapter
 from ..builders import selector_string
@@ -69,9 +70,10 @@ async def sync(state: OperatorState, namespace: str, name: str) -> None:
         return
     wanted = {a.name: adapter_path(a) for a in spec.adapters}
     pods = [p for p in await state.kube.list_pods(namespace, selector_string(name)) if ready(p)]
+    credential = runtime_credential.for_namespace(state.credential, namespace) if state.credential else None
     async with aiohttp.ClientSession() as session:
         results = await asyncio.gather(
-            *(_sync_pod(session, state.credential, base_url(addresses(p)[0]), wanted) for p in pods))
+            *(_sync_pod(session, credential, base_url(addresses(p)[0]), wanted) for p in pods))
     loaded: dict[str, frozenset[str]] = {}
     replicas: dict[str, dict[str, tuple[str, str]]] = {}
     for pod, found in zip(pods, results):

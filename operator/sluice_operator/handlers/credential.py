@@ -1,15 +1,19 @@
-"""The runtime credential's source Secret: filled once with a random value, followed for changes.
+"""The release's key (sluice_contracts.runtime_credential): made once at random, followed for changes.
 
+It lives in the Secret of the release's namespace that also holds that namespace's own runtime credential.
 The chart renders the Secret empty (so `helm uninstall` takes it away); the operator fills it, or creates
-it where no chart did. A changed or recreated value is copied again into every namespace served.
+it where no chart did. A new key (replaced, or the Secret deleted) renews every namespace's credential.
 """
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import secrets
+from typing import Any
 
 from kubernetes.client.rest import ApiException
+from sluice_contracts import runtime_credential
 
 from ..builders import build_credential_source, read_credential
 from ..state import OperatorState
@@ -19,15 +23,24 @@ log = logging.getLogger(__name__)
 CREDENTIAL_BYTES = 32
 
 
+def _release_key(secret: dict[str, Any] | None) -> str | None:
+    # read_credential reads the credential's own key: shown it the release key's value instead.
+    data = (secret or {}).get("data") or {}
+    return read_credential({"data": {runtime_credential.SECRET_KEY: data.get(runtime_credential.RELEASE_KEY)}})
+
+
 async def ensure_source(state: OperatorState) -> str:
-    """The credential in the source Secret, after filling or creating it when it holds none."""
+    """The release's key, after making it when the Secret holds none, and setting the release namespace's own
+    credential beside it when that is not the one the key makes."""
     release, kube = state.release, state.kube
     while True:
         secret = await kube.read("Secret", release.namespace, release.credential_secret)
-        value = read_credential(secret)
-        if value is not None:
-            return value
-        source = build_credential_source(release, secrets.token_urlsafe(CREDENTIAL_BYTES))
+        key = _release_key(secret)
+        if key is not None and read_credential(secret) == runtime_credential.for_namespace(key, release.namespace):
+            return key
+        key = key or secrets.token_urlsafe(CREDENTIAL_BYTES)
+        source = build_credential_source(release, runtime_credential.for_namespace(key, release.namespace))
+        source["data"][runtime_credential.RELEASE_KEY] = base64.b64encode(key.encode()).decode()
         try:
             if secret is None:
                 # Applied (a create that names the Secret), so RBAC can grant it for this name alone. Two
@@ -43,8 +56,8 @@ async def ensure_source(state: OperatorState) -> str:
             if exc.status == 409:
                 continue  # the Secret changed since it was read: read it again
             raise
-        log.info("runtime credential created in %s/%s", release.namespace, release.credential_secret)
-        return read_credential(source)
+        log.info("runtime credentials set in %s/%s", release.namespace, release.credential_secret)
+        return key
 
 
 def _take(state: OperatorState, value: str) -> None:
@@ -53,13 +66,14 @@ def _take(state: OperatorState, value: str) -> None:
     rotated = state.credential is not None
     state.credential = value
     if rotated:
-        log.info("runtime credential changed; copying it again into %s", ", ".join(sorted(state.release_applied)))
+        log.info("release key changed; renewing the runtime credential of %s",
+                 ", ".join(sorted(state.release_applied)))
         for namespace in list(state.release_applied):
             request_compile(state, namespace)
 
 
 async def follow_source(state: OperatorState) -> None:
-    """Runs for the operator's lifetime: keeps `state.credential` equal to the source Secret's."""
+    """Runs for the operator's lifetime: keeps `state.credential` equal to the release's key in its Secret."""
     release = state.release
     while True:
         try:
@@ -67,8 +81,9 @@ async def follow_source(state: OperatorState) -> None:
             async for kind, secret in state.kube.watch_secret(release.namespace, release.credential_secret):
                 if kind == "ERROR":
                     break  # an expired watch: read and watch again
-                value = None if kind == "DELETED" else read_credential(secret)
-                _take(state, value if value is not None else await ensure_source(state))
+                key = None if kind == "DELETED" else _release_key(secret)
+                own = runtime_credential.for_namespace(key, release.namespace) if key is not None else None
+                _take(state, key if own is not None and read_credential(secret) == own else await ensure_source(state))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the API server away for a moment: the credential in hand stays in force

@@ -1,5 +1,5 @@
-"""The release's objects in each namespace its operator serves: the runtime credential's copy, the runtime pods'
-NetworkPolicy.
+"""The release's objects in each namespace its operator serves: the namespace's runtime credential, the runtime
+pods' NetworkPolicy.
 
 Applied when a namespace's models change (owners) or the credential does, always on a model's reconcile;
 removed with the namespace's last model. An object of the same name the operator did not create is left
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from sluice_contracts import runtime_credential
 
 from ..builders import build_credential_copy, build_runtime_network_policy
 from ..builders.release import LABEL_RELEASE
@@ -20,7 +22,7 @@ def _names(state: OperatorState, namespace: str) -> list[tuple[str, str]]:
     """What the operator keeps in a served namespace, by kind and name."""
     release = state.release
     names = []
-    if namespace != release.namespace:  # the release's own namespace holds the credential's source itself
+    if namespace != release.namespace:  # the release's own namespace's is beside the release key (credential.py)
         names.append(("Secret", release.credential_secret))
     if release.peers is not None:
         names.append(("NetworkPolicy", release.network_policy))
@@ -31,7 +33,8 @@ def _wanted(state: OperatorState, namespace: str, models: list[dict[str, Any]]) 
     release = state.release
     if not models:
         return {}
-    objects = {("Secret", release.credential_secret): build_credential_copy(release, namespace, state.credential, models)}
+    credential = runtime_credential.for_namespace(state.credential, namespace)
+    objects = {("Secret", release.credential_secret): build_credential_copy(release, namespace, credential, models)}
     if release.peers is not None:
         objects[("NetworkPolicy", release.network_policy)] = build_runtime_network_policy(release, namespace, models)
     return {key: obj for key, obj in objects.items() if key in _names(state, namespace)}
@@ -46,7 +49,7 @@ async def sync(state: OperatorState, namespace: str, models: list[dict[str, Any]
     """Applies what the namespace needs now, removes what it no longer needs; returns 'Kind name' of each
     foreign object in the way."""
     if state.release is None or state.credential is None:
-        return []  # not before the credential is known: a copy must never be removed for want of it
+        return []  # not before the release key is known: a credential must never be removed for want of it
     wanted = _wanted(state, namespace, models)
     fingerprint = json.dumps(list(wanted.values()), sort_keys=True)
     if not always and state.release_applied.get(namespace) == fingerprint:
