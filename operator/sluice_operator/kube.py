@@ -8,8 +8,9 @@ from typing import Any, AsyncIterator
 import kubernetes
 from kubernetes.client.rest import ApiException
 
-from .crd import GROUP, MANAGED_BY, VERSION
+from .crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION, InferenceModel
 from .crd.definitions import PEERING_GROUP
+from .pods import claimed_model, replicas
 
 FIELD_MANAGER = MANAGED_BY
 APPLY = "application/apply-patch+yaml"
@@ -136,8 +137,20 @@ class Kube:
                                 "inferencepools", name)
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The pods `selector` matches, less those that carry a model's label without being its replicas
+        (pods.replicas): whatever reads runtime pods (routing, adapters, autoscaler, status) sees only these."""
         result = await self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        return result.get("items") or []
+        pods = result.get("items") or []
+        claiming = [p for p in pods if claimed_model(p)]
+        if not claiming:
+            return pods
+        replica_sets, deployments, models = await asyncio.gather(
+            self._call(self.apps.list_namespaced_replica_set, namespace, label_selector=LABEL_MODEL),
+            self._call(self.apps.list_namespaced_deployment, namespace, label_selector=LABEL_MODEL),
+            self.list_custom(InferenceModel.plural, namespace))
+        kept = {p["metadata"]["uid"] for p in replicas(claiming, replica_sets.get("items") or [],
+                                                       deployments.get("items") or [], models)}
+        return [p for p in pods if not claimed_model(p) or p["metadata"]["uid"] in kept]
 
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
         await self._call_unless(404, self.core.patch_namespaced_pod, name, namespace,

@@ -2,18 +2,95 @@
 
 The routing table and the autoscaler read the same pods by the same rules; they differ in one thing only: a
 pod the autoscaler is draining is still scraped, but no longer sent requests.
+
+Anyone who may create pods in a namespace may give one a model's labels, so the labels only say which model a
+pod claims to serve: `replicas` keeps the pods whose claim the ownership chain bears out.
 """
 from __future__ import annotations
 
 import ipaddress
 from typing import Any, Iterable, Mapping
 
+from .builders.ownership import controlled_by
 from .crd import LABEL_MODEL, RUNTIME_PORT
 
 Pod = Mapping[str, Any]
 
 # Set on a pod the autoscaler is about to remove: the router stops sending it requests first.
 DRAINING_ANNOTATION = "sluice.dev/draining"
+
+
+# Set by the Deployment controller: a ReplicaSet's place in its Deployment's rollouts, and the hash of the pod
+# template it stamps on the ReplicaSet and on each of its pods.
+REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
+TEMPLATE_HASH_LABEL = "pod-template-hash"
+# Injected into every pod (not its template) by the API server's ServiceAccount admission.
+_INJECTED_VOLUME_PREFIX = "kube-api-access-"
+
+
+def claimed_model(pod: Pod) -> str | None:
+    """The InferenceModel a pod's labels say it serves (anyone may set them: see `replicas`)."""
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_MODEL)
+
+
+def _controller(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    found = [ref for ref in refs if ref.get("controller")]
+    return found[0] if len(found) == 1 and found[0].get("kind") == kind else None
+
+
+def _revision(obj: Mapping[str, Any]) -> int | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(REVISION_ANNOTATION)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _hash(obj: Mapping[str, Any]) -> str | None:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(TEMPLATE_HASH_LABEL)
+
+
+def _what_runs(spec: Mapping[str, Any]) -> tuple:
+    """What a pod spec runs, as its template says it: the fields admission leaves alone."""
+    def containers(key: str) -> list:
+        return [(c.get("name"), c.get("image"), c.get("command"), c.get("args"), c.get("env"), c.get("envFrom"))
+                for c in spec.get(key) or []]
+    volumes = [v for v in spec.get("volumes") or [] if not v.get("name", "").startswith(_INJECTED_VOLUME_PREFIX)]
+    return containers("initContainers"), containers("containers"), volumes
+
+
+def _rollout_sets(deployment: Mapping[str, Any], replica_sets: Iterable[Pod]) -> dict[str, Pod]:
+    """By uid, the Deployment's current ReplicaSet and the one before it (whose pods serve during a rollout)."""
+    uid = deployment["metadata"].get("uid")
+    current = _revision(deployment)
+    owned = [rs for rs in replica_sets if (ref := _controller(rs, "Deployment"))
+             and ref.get("uid") == uid and _revision(rs) is not None and _hash(rs)]
+    if current is None:
+        return {}
+    earlier = [r for rs in owned if (r := _revision(rs)) < current]
+    keep = {current, max(earlier)} if earlier else {current}
+    return {rs["metadata"]["uid"]: rs for rs in owned if _revision(rs) in keep}
+
+
+def replicas(pods: Iterable[Pod], replica_sets: Iterable[Pod], deployments: Iterable[Pod],
+             models: Iterable[Pod]) -> list[Pod]:
+    """The pods that are replicas of the model they claim (`claimed_model`): each controlled by a ReplicaSet,
+    with its template hash, that is the current or previous one of a Deployment controlled by that
+    InferenceModel (the check the builders make before changing a Deployment), and running what that
+    ReplicaSet's template runs. All four lists are of one namespace."""
+    model_uids = {m["metadata"]["name"]: m["metadata"].get("uid") for m in models}
+    replica_sets = list(replica_sets)
+    trusted: dict[str, dict[str, Pod]] = {}  # model → ReplicaSets by uid
+    for deployment in deployments:
+        name = deployment["metadata"]["name"]
+        if name in model_uids and controlled_by(dict(deployment), model_uids[name]):
+            trusted[name] = _rollout_sets(deployment, replica_sets)
+    kept = []
+    for pod in pods:
+        ref = _controller(pod, "ReplicaSet")
+        rs = trusted.get(claimed_model(pod) or "", {}).get(ref.get("uid") if ref else None)
+        if (rs is not None and ref.get("name") == rs["metadata"]["name"] and _hash(pod) == _hash(rs)
+                and _what_runs(pod.get("spec") or {}) == _what_runs(rs["spec"]["template"].get("spec") or {})):
+            kept.append(pod)
+    return kept
 
 
 def addresses(pod: Pod) -> list[str]:
