@@ -10,9 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# The label a Secret carries when the platform team lets models use it as their Hugging Face token.
-TOKEN_SECRET_LABEL = "sluice.dev/model-token"
-TOKEN_SECRET_OPT_IN = "true"
+from ..crd.inference_model import TOKEN_SECRET_LABEL, TOKEN_SECRET_OPT_IN
+
 # A prefix names its registry host (a dot or a port in it, or localhost) and ends at a path boundary.
 IMAGE_PREFIX = re.compile(r"^(localhost|[a-z0-9-]+([.][a-z0-9-]+)+|[a-z0-9.-]+:[0-9]+)(/[a-z0-9._-]+)*/?$")
 

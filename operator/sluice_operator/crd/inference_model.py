@@ -29,6 +29,9 @@ IMAGE_REFERENCE = (rf"^{_COMPONENT}(:[0-9]+)?(/{_COMPONENT})*(:[A-Za-z0-9_][A-Za
                    r"(@sha256:[a-f0-9]{64})?$")
 
 # Messages shared by the CEL rules (API server) and the pydantic validators (operator, tests).
+# The label a Secret carries when the platform team lets models use it as their Hugging Face token.
+TOKEN_SECRET_LABEL = "sluice.dev/model-token"
+TOKEN_SECRET_OPT_IN = "true"
 MSG_SOURCE = "model.source must be 'smollm2', 'hf:ORG/NAME' or 'pvc://CLAIM/PATH'"
 MSG_HF_ONLY = "model.revision and model.tokenSecret only apply to an 'hf:' source"
 MSG_MIN_MAX = "autoscaling.minReplicas must not be above autoscaling.maxReplicas"
@@ -128,7 +131,9 @@ class ModelSource(SpecModel):
         max_length=128,
     )
     token_secret: SecretKeyRef | None = Field(
-        default=None, description="Secret with a Hugging Face token for gated or private 'hf:' repositories."
+        default=None,
+        description="Secret with a Hugging Face token for gated or private 'hf:' repositories; only a Secret the "
+                    f"platform team opened to models with the label {TOKEN_SECRET_LABEL}={TOKEN_SECRET_OPT_IN}.",
     )
 
     model_config = {
@@ -169,7 +174,8 @@ class RuntimeSpec(SpecModel):
     )
     image: str | None = Field(
         default=None, min_length=1, max_length=512, pattern=IMAGE_REFERENCE,
-        description="Container image; unset: the release's image for the engine (defaults: "
+        description="Container image, under one of the registry prefixes the release allows (the chart's "
+                    "operator.allowedImagePrefixes); unset: the release's image for the engine (defaults: "
                     + ", ".join(f"{engine} {image}" for engine, image in ENGINE_IMAGES.items()) + ").",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
