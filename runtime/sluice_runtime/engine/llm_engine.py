@@ -102,9 +102,11 @@ class LLMEngine:
         self._load = EngineLoad(0.0, 0.0, config.max_num_seqs)
         # Recent mean of the tokens finished requests generated (None before any finished).
         self.mean_output: float | None = None
-        # Recent seconds a step spends outside the model (scheduling, sampling's bookkeeping, outputs), which the
-        # step budget's timing leaves out and a queued request waits for all the same.
+        # Recent seconds from one step to the next spent outside the model (scheduling, outputs, the caller's
+        # loop between steps, the server's threads holding the interpreter), which the step budget's timing
+        # leaves out and a queued request waits for all the same; measured while steps follow each other.
         self.step_overhead_s = 0.0
+        self._previous_step: tuple[float, float] | None = None  # (started, seconds in the model), if it left work
         self._generators: dict[tuple[str, int], object] = {}
         self._lock = threading.Lock()
         self.num_aborted = 0
@@ -305,6 +307,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         started_at = time.monotonic()
+        if self._previous_step is not None:
+            previous_start, previous_executed = self._previous_step
+            overhead = started_at - previous_start - previous_executed
+            self.step_overhead_s = OVERHEAD_DECAY * self.step_overhead_s + (1 - OVERHEAD_DECAY) * overhead
         executed_s = 0.0
         finished_now: dict[str, SequenceGroup] = {}
         self._admit_incoming()
@@ -336,9 +342,8 @@ class LLMEngine:
         for group in touched.values():
             if group.finished:
                 self._forget(group)
-        if not plan.is_empty:
-            overhead = time.monotonic() - started_at - executed_s
-            self.step_overhead_s = OVERHEAD_DECAY * self.step_overhead_s + (1 - OVERHEAD_DECAY) * overhead
+        busy = not plan.is_empty and self.scheduler.has_work()
+        self._previous_step = (started_at, executed_s) if busy else None
         self._publish_load()
         return [o for o in outputs if o is not None]
 
