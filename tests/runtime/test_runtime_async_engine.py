@@ -92,3 +92,28 @@ async def test_embeddings_are_normalized_and_similar_texts_are_closer(engine):
     dot = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
     assert abs(dot(cat, cat) - 1) < 1e-4
     assert dot(cat, kitten) > dot(cat, tax)
+
+
+async def test_work_whose_caller_left_never_ends_the_loop(engine):
+    """Embeddings cancelled while their forward is queued or running (a client that left): the loop skips what
+    has not started, drops what finished for nobody, and goes on serving everyone else."""
+    tok = engine.tokenizer
+    long_input = tok.encode("Quarterly tax filing deadlines fall in April. " * 60)
+    background = engine.generate(tok.encode("Count to a thousand:"), SamplingParams(max_tokens=400, ignore_eos=True),
+                                 "keeps-stepping")
+    await background.__anext__()
+    for delay in (0, 0, 0.01, 0.05, 0.2):
+        task = asyncio.create_task(engine.embed([long_input] * 3))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await background.aclose()
+    # Bounded: a call queued as the loop died would wait forever.
+    vector, = await asyncio.wait_for(engine.embed([tok.encode("still here")]), timeout=60)
+    assert abs(sum(x * x for x in vector) - 1) < 1e-4
+    assert engine.is_running
+    last = None
+    async for last in engine.generate(tok.encode("Hello"), SamplingParams(temperature=0, max_tokens=3), "after"):
+        pass
+    assert last.finished and len(last.outputs[0].token_ids) == 3

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 from ..engine_config import EngineConfig
-from .errors import EngineDead, EngineOverloaded
+from .errors import EngineDead, EngineError, EngineOverloaded
 from .llm_engine import EngineStats, LLMEngine
 from .output_mailbox import OutputMailbox
 from .outputs import SHED, RequestOutput
@@ -38,7 +38,12 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        return self._thread.is_alive() and self.error is None and not self._stop
+
+    def _dead(self) -> EngineDead:
+        if self.error is not None:
+            return EngineDead(f"the engine loop crashed: {self.error!r}")
+        return EngineDead("the engine loop is not running" + (": it was shut down" if self._stop else ""))
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -47,7 +52,7 @@ class AsyncEngine:
                        share: float = 1.0, lora: str | None = None,
                        streamed: bool = True) -> AsyncIterator[RequestOutput]:
         if not self.is_running:
-            raise EngineDead(f"the engine loop is not running: {self.error!r}")
+            raise self._dead()
         if request_id in self._streams:
             # Checked before registering: the cleanup of a refused duplicate must not drop the first one's stream.
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -62,6 +67,10 @@ class AsyncEngine:
         self._wake.set()
         finished = False
         try:
+            if not self.is_running:
+                # The loop ended between the check above and the registration: its last delivery may have missed
+                # this stream, and nothing would ever fill the mailbox.
+                raise self._dead()
             while True:
                 item = await mailbox.get()
                 if item.finished and item.outputs[0].finish_reason == SHED:
@@ -85,7 +94,7 @@ class AsyncEngine:
         """Pooled, normalized vectors of `prompts`, in order; each packed forward (LLMEngine.embedding_batches)
         runs on the engine thread between two steps, so streams keep going while a large request is embedded."""
         if not self.is_running:
-            raise EngineDead(f"the engine loop is not running: {self.error!r}")
+            raise self._dead()
         vectors: list[list[float]] = []
         for batch in self.engine.embedding_batches(prompts):
             vectors += await asyncio.wrap_future(self._call(lambda b=batch: self.engine.embed(b, dimensions)))
@@ -108,7 +117,19 @@ class AsyncEngine:
         future: Future = Future()
         self._calls.append((fn, future))
         self._wake.set()
+        if not self.is_running:
+            # Nobody will run it; the loop may have drained the queue before this call joined it.
+            self._fail_calls()
         return future
+
+    def _fail_calls(self) -> None:
+        while True:
+            try:
+                _, future = self._calls.popleft()
+            except IndexError:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(self._dead())
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
@@ -127,11 +148,7 @@ class AsyncEngine:
             try:
                 while not self._stop:
                     while self._calls:
-                        fn, future = self._calls.popleft()
-                        try:
-                            future.set_result(fn())
-                        except Exception as exc:  # handed to the awaiting caller
-                            future.set_exception(exc)
+                        _run_call(*self._calls.popleft())
                     if not self.engine.has_unfinished_requests():
                         self._wake.wait(timeout=0.5)
                         self._wake.clear()
@@ -140,8 +157,10 @@ class AsyncEngine:
             except BaseException as exc:
                 log.exception("engine loop crashed")
                 self.error = exc
-                self._deliver([(request_id, EngineDead(f"the engine loop crashed: {exc!r}"))
-                               for request_id in list(self._streams)])
+            finally:
+                # Whoever still waits learns the engine is gone instead of waiting forever.
+                self._deliver([(request_id, self._dead()) for request_id in list(self._streams)])
+                self._fail_calls()
 
     def _deliver(self, items: list[tuple[str, object]]) -> None:
         """Hands a step's outputs to their streams with one wake-up per event loop, not one per
@@ -161,9 +180,33 @@ class AsyncEngine:
                     self.engine.abort(request_id)
 
 
-def _put_all(batch: list[tuple[str, OutputMailbox, object]]) -> None:
-    for _, mailbox, item in batch:
-        if isinstance(item, BaseException):
-            mailbox.fail(item)
+def _run_call(fn, future: Future) -> None:
+    """Runs a queued call unless its caller already gave up on it (asyncio.wrap_future cancels the future when
+    the awaiting task is cancelled: a client that left). Once running, the future cannot be cancelled, so the
+    outcome always has somewhere to go; and nothing about one caller's outcome may end the loop."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        try:
+            result = fn()
+        except Exception as exc:  # handed to the awaiting caller
+            future.set_exception(exc)
         else:
-            mailbox.put(item)
+            future.set_result(result)
+    except Exception:
+        log.exception("the result of an engine call could not be handed to its caller")
+
+
+def _put_all(batch: list[tuple[str, OutputMailbox, object]]) -> None:
+    """On the callers' event loop. Each output is handed over on its own: a stream that cannot take one must not
+    keep the others of the step from theirs."""
+    for request_id, mailbox, item in batch:
+        try:
+            if isinstance(item, BaseException):
+                mailbox.fail(item)
+            else:
+                mailbox.put(item)
+        except Exception as exc:
+            log.exception("the output of request %s could not be handed to its stream", request_id)
+            # Its reader ends with the error (and aborts the request) rather than waiting for outputs.
+            mailbox.fail(EngineError(f"the engine's output could not be delivered: {exc!r}"))

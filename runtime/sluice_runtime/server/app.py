@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sluice_contracts.load_report import LoadReport, PrefixCacheStats
 from sluice_contracts.runtime_flags import LORA_NAME_PATTERN, lora_name_message
+from sluice_runtime.engine.errors import EngineDead, EngineError
 from sluice_runtime.engine.lora_registry import LoraNotFound
 from sluice_runtime.models.lora_adapter import AdapterError
 from sluice_runtime.sampling_params import SamplingParams
@@ -22,8 +23,9 @@ from .capabilities import ModelCapabilities
 from .chat_format import ChatFormat
 from .chat_template import ChatTemplate
 from .completion_format import CompletionFormat
+from .disconnect import until_disconnected
 from .errors import APIError, install_error_handlers, invalid_request
-from .generation import GenerationRunner
+from .generation import GenerationRunner, engine_error
 from .lifecycle import Lifecycle
 from .logprobs import LogprobFormatter
 from .middleware import RequestContextMiddleware
@@ -221,9 +223,11 @@ def _lora_routes(rt: Runtime) -> list[_Route]:
             raise invalid_request(f"The lora adapter '{name}' has already been loaded.", param="lora_name",
                                   code="lora_already_loaded")
         try:
-            await rt.engine.load_lora(name, body.lora_path)
+            await until_disconnected(request.receive, rt.engine.load_lora(name, body.lora_path))
         except AdapterError as exc:
             raise invalid_request(str(exc), param="lora_path", code="invalid_lora_adapter") from None
+        except EngineError as exc:
+            raise engine_error(exc) from None
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload(request: Request):
@@ -231,9 +235,11 @@ def _lora_routes(rt: Runtime) -> list[_Route]:
         rt.record(request, body.lora_name)
         check_enabled()
         try:
-            await rt.engine.unload_lora(body.lora_name)
+            await until_disconnected(request.receive, rt.engine.unload_lora(body.lora_name))
         except LoraNotFound as exc:
             raise APIError(404, str(exc), param="lora_name", code="model_not_found") from None
+        except EngineError as exc:
+            raise engine_error(exc) from None
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
     return [_Route("POST", "/v1/load_lora_adapter", load), _Route("POST", "/v1/unload_lora_adapter", unload)]
@@ -242,6 +248,10 @@ def _lora_routes(rt: Runtime) -> list[_Route]:
 def _operational_routes(rt: Runtime) -> list[_Route]:
     """Probes, the scraper's /metrics and the gateway's /load: open without the credential, kept while draining."""
     async def health():
+        # The liveness probe: a replica whose engine loop ended serves nothing again until it restarts.
+        if not rt.engine.is_running:
+            raise APIError(503, "The engine loop is not running; this replica must be restarted.",
+                           type="server_error", code=EngineDead.code)
         return {"status": "ok"}
 
     async def ready():
