@@ -175,6 +175,28 @@ def test_a_declared_64_gib_tensor_in_a_sparse_file_is_refused_by_its_shape(serve
     assert time.monotonic() - started < 5 and rss_mib(server) - before < 50
 
 
+def test_a_second_name_for_a_weight_cannot_carry_an_unchecked_tensor(server, adapter):
+    header, data = header_of(adapter / WEIGHTS)
+    header.pop("__metadata__", None)
+    original = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    alias = original.replace("layers.0.", "layers.00.")
+    header[alias] = {"dtype": "F32", "shape": [RANK, 64 * GiB // (4 * RANK)], "data_offsets": [len(data), len(data) + 64 * GiB]}
+    blob = json.dumps(header).encode()
+    write_safetensors(adapter / WEIGHTS, header, data, size=8 + len(blob) + len(data) + 64 * GiB)
+    before, started = rss_mib(server), time.monotonic()
+    message = refused(server, adapter)
+    assert "layer 0 q_proj lora_A twice" in message
+    assert time.monotonic() - started < 5 and rss_mib(server) - before < 50
+
+
+def test_a_path_or_a_value_no_file_system_or_float_takes_is_refused(server, adapter):
+    assert "is not a directory" in refused(server, f"{adapter}\x00/x")
+    config = json.loads((adapter / CONFIG).read_text())
+    (adapter / CONFIG).write_text(json.dumps(config)[:-1] + ', "lora_alpha": ' + "9" * 400 + "}")
+    message = refused(server, adapter)
+    assert "lora_alpha must be a positive number, got 9999" in message and len(message) < 300
+
+
 def _retyped(header: dict, **fields) -> dict:
     name = first_a(header)
     return {**header, name: {**header[name], **fields}}
@@ -218,9 +240,9 @@ def _huge_in_small_file(header: dict, data: bytes) -> tuple[dict, bytes]:
     (_spoil_header(lambda h, d: ([1, 2], d)), "is corrupt: its header is not a JSON object"),
     (_spoil_header(lambda h, d: (_retyped(h, dtype="I64"), d)), "has dtype 'I64'"),
     (_spoil_header(lambda h, d: (_retyped(h, dtype=None), d)), "has dtype None"),
-    (_spoil_header(lambda h, d: (_retyped(h, shape=[RANK, -1]), d)), "not a list of non-negative integers"),
-    (_spoil_header(lambda h, d: (_retyped(h, shape=[True, 2]), d)), "not a list of non-negative integers"),
-    (_spoil_header(lambda h, d: (_retyped(h, shape="4x576"), d)), "not a list of non-negative integers"),
+    (_spoil_header(lambda h, d: (_retyped(h, shape=[RANK, -1]), d)), "non-negative 64-bit integers"),
+    (_spoil_header(lambda h, d: (_retyped(h, shape=[True, 2]), d)), "non-negative 64-bit integers"),
+    (_spoil_header(lambda h, d: (_retyped(h, shape="4x576"), d)), "non-negative 64-bit integers"),
     (_spoil_header(lambda h, d: (_retyped(h, data_offsets=None), d)), "has data_offsets None"),
     (_spoil_header(lambda h, d: (_retyped(h, data_offsets=[8, 0]), d)), "has data_offsets [8, 0]"),
     (_spoil_header(lambda h, d: (_retyped(h, data_offsets=[0, 1.5]), d)), "has data_offsets [0, 1.5]"),
@@ -229,6 +251,12 @@ def _huge_in_small_file(header: dict, data: bytes) -> tuple[dict, bytes]:
     (_spoil_header(_overlapping), "tensors overlap or leave gaps"),
     (_spoil_header(_gap), "but the file holds"),
     (_spoil_header(lambda h, d: ({**h, "x": 5}, d)), "tensor 'x' is declared as 5"),
+    (_spoil_header(lambda h, d: (_retyped(h, shape=[1] * 9), d)), "not a list of at most 8"),
+    (_spoil_header(lambda h, d: (_retyped(h, shape=[2 ** 64, 1]), d)), "non-negative 64-bit integers"),
+    (_spoil_header(lambda h, d: (_retyped(h, data_offsets=[0, 2 ** 64]), d)), "has data_offsets [0, 18446744073709551616]"),
+    (_spoil_header(lambda h, d: ({**{k.replace("layers.0.", "layers." + "1" * 5000 + "."): v for k, v in h.items()}},
+                                 d)), "which is not a LoRA weight"),
+    (_spoil_header(lambda h, d: ({**h, "y" * 100000: 5}, d)), "tensor 'yyyy"),
     (lambda p: (p / WEIGHTS).write_bytes((200000).to_bytes(8, "little") + b"[" * 200000),
      "is corrupt: its header is not a JSON object"),
     (lambda p: (p / CONFIG).write_text("[" * 200000), f"{CONFIG} is not valid JSON"),
@@ -237,7 +265,8 @@ def _huge_in_small_file(header: dict, data: bytes) -> tuple[dict, bytes]:
 def test_a_safetensors_or_config_file_that_lies_is_refused_before_its_tensors_are_read(server, adapter, change,
                                                                                         message):
     change(adapter)
-    assert message in refused(server, adapter)
+    refusal = refused(server, adapter)
+    assert message in refusal and len(refusal) < 1024  # what an InferenceModel's status can carry
 
 
 def test_the_runtime_still_serves_after_every_refusal(server, good_adapter):

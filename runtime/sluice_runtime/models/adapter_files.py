@@ -21,6 +21,9 @@ import torch
 # A safetensors header lists ~150 bytes per tensor: an adapter on every projection of a 100-layer model stays
 # near 150 KiB.
 MAX_SAFETENSORS_HEADER_BYTES = 4 * 1024 * 1024
+# Safetensors' own limits: offsets and dimensions are 64-bit; no weight has more than a few dimensions.
+_MAX_DIMENSIONS = 8
+_MAX_INTEGER = 2 ** 63 - 1
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
@@ -44,10 +47,10 @@ def resolve_directory(path: str | Path) -> Path:
     """The adapter's directory with every link resolved: the one its files must stay inside."""
     try:
         directory = Path(path).resolve(strict=True)
-    except (OSError, RuntimeError):  # RuntimeError: a loop of links
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: a loop of links; ValueError: a NUL in the path
         directory = None
     if directory is None or not directory.is_dir():
-        raise AdapterError(f"LoRA adapter path {str(path)!r} is not a directory")
+        raise AdapterError(f"LoRA adapter path {short(str(path))} is not a directory")
     return directory
 
 
@@ -113,14 +116,14 @@ def read_safetensors_header(file: BinaryIO, shown: Path) -> tuple[dict[str, Tens
     entries = {name: _entry(name, value, corrupt) for name, value in header.items()}
     for name, entry in entries.items():
         if entry.end > data_size:
-            raise corrupt(f"tensor {name!r} declares bytes {entry.begin} to {entry.end} of the data, which holds "
+            raise corrupt(f"tensor {short(name)} declares bytes {entry.begin} to {entry.end} of the data, which holds "
                           f"{data_size}")
     # The format lays tensors end to end over the whole data section: any other layout declares some bytes
     # twice (tensors that overlap would read the same bytes over and over) or some bytes that are nobody's.
     at = 0
     for name, entry in sorted(entries.items(), key=lambda item: (item[1].begin, item[1].end)):
         if entry.begin != at:
-            raise corrupt(f"tensor {name!r} starts at byte {entry.begin} of the data, where the tensor before it "
+            raise corrupt(f"tensor {short(name)} starts at byte {entry.begin} of the data, where the tensor before it "
                           f"ends at {at}: tensors overlap or leave gaps")
         at = entry.end
     if at != data_size:
@@ -147,25 +150,35 @@ def read_tensors(file: BinaryIO, shown: Path, entries: dict[str, TensorEntry], d
 
 def _entry(name: str, value: object, corrupt) -> TensorEntry:
     if not isinstance(value, dict):
-        raise corrupt(f"tensor {name!r} is declared as {value!r}, not an object")
+        raise corrupt(f"tensor {short(name)} is declared as {short(value)}, not an object")
     dtype, shape, offsets = value.get("dtype"), value.get("shape"), value.get("data_offsets")
     if dtype not in _DTYPES:
-        raise corrupt(f"tensor {name!r} has dtype {dtype!r}; adapter weights are one of {', '.join(_DTYPES)}")
-    if not isinstance(shape, list) or not all(_natural(n) for n in shape):
-        raise corrupt(f"tensor {name!r} has shape {shape!r}, not a list of non-negative integers")
+        raise corrupt(f"tensor {short(name)} has dtype {short(dtype)}; adapter weights are one of {', '.join(_DTYPES)}")
+    if not isinstance(shape, list) or len(shape) > _MAX_DIMENSIONS or not all(_natural(n) for n in shape):
+        raise corrupt(f"tensor {short(name)} has shape {short(shape)}, not a list of at most {_MAX_DIMENSIONS} "
+                      "non-negative 64-bit integers")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_natural(n) for n in offsets)
             and offsets[0] <= offsets[1]):
-        raise corrupt(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end] with begin <= end")
+        raise corrupt(f"tensor {short(name)} has data_offsets {short(offsets)}, not [begin, end] with begin <= end")
     torch_dtype = _DTYPES[dtype]
     nbytes = math.prod(shape) * torch_dtype.itemsize
     if offsets[1] - offsets[0] != nbytes:
-        raise corrupt(f"tensor {name!r} is {tuple(shape)} of {dtype}, {nbytes} bytes, but its data_offsets "
+        raise corrupt(f"tensor {short(name)} is {tuple(shape)} of {dtype}, {nbytes} bytes, but its data_offsets "
                       f"span {offsets[1] - offsets[0]}")
     return TensorEntry(torch_dtype, tuple(shape), offsets[0], offsets[1])
 
 
 def _natural(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_INTEGER
+
+
+def short(value: object) -> str:
+    """A value an adapter's file declares, for a message (repr), cut where a hostile one would fill it."""
+    return clipped(repr(value))
+
+
+def clipped(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _check_regular(mode: int, shown: Path) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from .adapter_files import (
-    AdapterError, TensorEntry, open_inside, read_bounded, read_safetensors_header, read_tensors, resolve_directory,
+    AdapterError, TensorEntry, clipped, open_inside, read_bounded, read_safetensors_header, read_tensors,
+    resolve_directory, short,
 )
 from .config import ModelConfig
 
@@ -24,7 +25,7 @@ from .config import ModelConfig
 TARGETS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
            "o_proj": ("o_proj", 0), "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
            "down_proj": ("down_proj", 0)}
-_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d{1,9})\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 # PEFT writes about a kilobyte of configuration.
@@ -89,13 +90,17 @@ def _pairs(entries: dict[str, TensorEntry], cfg: ModelConfig, rank: int, shapes:
     for key in entries:
         match = _KEY.match(key)
         if match is None or match.group(2) not in TARGETS:
-            raise AdapterError(f"adapter_model.safetensors holds {key!r}, which is not a LoRA weight of a "
+            raise AdapterError(f"adapter_model.safetensors holds {short(key)}, which is not a LoRA weight of a "
                                f"q/k/v/o/gate/up/down projection")
         layer, module, which = int(match.group(1)), match.group(2), match.group(3)
         if layer >= cfg.num_layers:
-            raise AdapterError(f"{key!r} is for layer {layer}, but the base model has {cfg.num_layers} layers: "
+            raise AdapterError(f"{short(key)} is for layer {layer}, but the base model has {cfg.num_layers} layers: "
                                f"the adapter was trained for another base model{_base_of(config)}")
-        pairs.setdefault((layer, module), {})[which] = key
+        pair = pairs.setdefault((layer, module), {})
+        if which in pair:  # "layers.1" and "layers.01": one would escape the checks below
+            raise AdapterError(f"adapter_model.safetensors holds layer {layer} {module} lora_{which} twice: "
+                               f"{short(pair[which])} and {short(key)}")
+        pair[which] = key
     for (layer, module), pair in sorted(pairs.items()):
         if set(pair) != {"A", "B"}:
             missing = ({"A", "B"} - set(pair)).pop()
@@ -128,7 +133,7 @@ def _read_config(directory: Path, shown: Path) -> dict:
         raise AdapterError(f"{file} must hold a JSON object")
     peft_type = config.get("peft_type", "LORA")
     if peft_type != "LORA":
-        raise AdapterError(f"adapter_config.json has peft_type {peft_type!r}; only LORA adapters are served")
+        raise AdapterError(f"adapter_config.json has peft_type {short(peft_type)}; only LORA adapters are served")
     unsupported = [(config.get("use_dora"), "use_dora (DoRA)"), (config.get("bias", "none") != "none", "bias"),
                    (config.get("modules_to_save"), "modules_to_save"), (config.get("fan_in_fan_out"), "fan_in_fan_out"),
                    (config.get("rank_pattern"), "rank_pattern"), (config.get("alpha_pattern"), "alpha_pattern"),
@@ -142,12 +147,16 @@ def _read_config(directory: Path, shown: Path) -> dict:
 def _rank_and_scaling(config: dict, max_rank: int) -> tuple[int, float]:
     rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise AdapterError(f"adapter_config.json: r must be a positive integer, got {rank!r}")
+        raise AdapterError(f"adapter_config.json: r must be a positive integer, got {short(rank)}")
     if rank > max_rank:
         raise AdapterError(f"the adapter's rank {rank} is above this runtime's --max-lora-rank {max_rank}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < float("inf"):
-        raise AdapterError(f"adapter_config.json: lora_alpha must be a positive number, got {alpha!r}")
-    return rank, alpha / (rank ** 0.5 if config.get("use_rslora") else rank)
+    try:
+        value = float(alpha) if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) else None
+    except OverflowError:  # an integer of hundreds of digits
+        value = None
+    if value is None or not 0 < value < float("inf"):
+        raise AdapterError(f"adapter_config.json: lora_alpha must be a positive number, got {short(alpha)}")
+    return rank, value / (rank ** 0.5 if config.get("use_rslora") else rank)
 
 
 def _check_targets(config: dict) -> None:
@@ -155,13 +164,14 @@ def _check_targets(config: dict) -> None:
     if isinstance(targets, str):  # PEFT's regex form: the weights file says what it really targets
         return
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
-        raise AdapterError(f"adapter_config.json: target_modules must be a list of module names, got {targets!r}")
+        raise AdapterError(f"adapter_config.json: target_modules must be a list of module names, got {short(targets)}")
     unknown = sorted({t.rpartition(".")[2] for t in targets} - set(TARGETS))
     if unknown:
-        raise AdapterError(f"adapter_config.json targets {', '.join(unknown)}; LoRA is served on "
+        raise AdapterError(f"adapter_config.json targets {clipped(', '.join(unknown))}; LoRA is served on "
                            f"{', '.join(TARGETS)} only")
 
 
 def _base_of(config: dict) -> str:
     base = config.get("base_model_name_or_path")
     return f" ({base})" if isinstance(base, str) and base else ""
+
