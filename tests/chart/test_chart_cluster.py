@@ -146,8 +146,7 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
         cluster.kubectl("create", "namespace", namespace)
     helm = Helm(cluster.bin_dir / "helm")
     values = ["--set", "gateway.enabled=false", "--set", "operator.leaderElection.enabled=false"]
-    if watching:
-        values += ["--set", f"operator.watchNamespaces={{{watched}}}"]
+    values += ["--set", f"operator.watchNamespaces={{{watched}}}"] if watching else ["--set", "rbac.clusterWide=true"]
     helm.run("install", release, str(CHART), "--namespace", home, "--skip-crds", "--kubeconfig", cluster.kubeconfig,
              *values)
     try:

@@ -9,6 +9,8 @@ import yaml
 from chart.helm_tool import CHART, FULL_VALUES, REPO, Helm, by_kind, helm_binary, one, pod_spec
 
 pytestmark = pytest.mark.integration
+# The Prometheus pods' labels the chart's networkPolicy.monitoringPodSelector names by default.
+PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +36,9 @@ def test_lint_is_clean(helm, values):
 
 def test_default_install_runs_operator_gateway_and_their_redis(default_objects):
     kinds = sorted({obj["kind"] for obj in default_objects})
-    assert kinds == ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy",
-                     "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount",
-                     "StatefulSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert kinds == ["Deployment", "KopfPeering", "NetworkPolicy", "PodDisruptionBudget", "Role", "RoleBinding",
+                     "Secret", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"]
     assert {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")} == {
         "sluice-operator", "sluice-gateway"}
 
@@ -74,9 +76,10 @@ def _rules(*sets: str, release: str = "sluice") -> list[dict]:
     return yaml.safe_load(text.replace("sluice-runtime", f"{release}-runtime"))
 
 
-def test_operator_rbac_all_namespaces_is_one_cluster_role(default_objects):
-    assert one(default_objects, "ClusterRole")["rules"] == _rules("served", "cluster")
-    binding = one(default_objects, "ClusterRoleBinding")
+def test_operator_rbac_all_namespaces_is_one_cluster_role(helm, default_objects):
+    cluster_wide = helm.template("--set", "rbac.clusterWide=true")
+    assert one(cluster_wide, "ClusterRole")["rules"] == _rules("served", "cluster")
+    binding = one(cluster_wide, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sluice-operator", "namespace": "sluice"}]
     role = one(default_objects, "Role", "-release")
     assert role["metadata"]["namespace"] == "sluice" and role["rules"] == _rules("release")
@@ -97,7 +100,7 @@ def test_operator_rbac_with_watch_namespaces_is_namespaced_only(helm, full_objec
                for b in bindings)
     assert one(full_objects, "Role", "-release")["metadata"]["namespace"] == "sluice"
     # Another release's names: its own routing table stays shared, its credential and policy are its own.
-    other = helm.template("--set", "fullnameOverride=prod")
+    other = helm.template("--set", "fullnameOverride=prod", "--set", "rbac.clusterWide=true")
     names = {tuple(r.get("resourceNames", [])) for r in one(other, "ClusterRole")["rules"]}
     assert {("sluice-routing-table",), ("prod-runtime-credential",), ("prod-runtime",)} <= names
 
@@ -248,7 +251,8 @@ def test_network_policies_confine_each_component(which, default_objects, full_ob
     objects = default_objects if which == "default" else full_objects
     policies = by_kind(objects, "NetworkPolicy")
     gateway, operator = _pod(objects, "-gateway"), _pod(objects, "-operator")
-    monitoring, stranger = Pod("monitoring", {}), Pod("team-b", dict(gateway.labels))
+    monitoring, stranger = Pod("monitoring", PROMETHEUS), Pod("team-b", dict(gateway.labels))
+    assert not admits(policies, Pod("monitoring", {}), gateway, 9090), "any pod of the namespace is not Prometheus"
     # /metrics of the gateway (tenant names, backend addresses): its own port, Prometheus only.
     assert gateway.ports["metrics"] == 9090
     assert admits(policies, monitoring, gateway, 9090) and not admits(policies, stranger, gateway, 9090)
@@ -324,7 +328,8 @@ def test_runtime_pods_admit_only_this_releases_gateway_and_operator(which, defau
     policy = build_runtime_network_policy(release, "team-a", [{"metadata": {"name": "m", "uid": "uid-1"}}])
     gateway, operator = _pod(objects, "-gateway"), _pod(objects, "-operator")
     assert admits([policy], gateway, runtime, 8000) and admits([policy], operator, runtime, 8000)
-    assert admits([policy], Pod("monitoring", {}), runtime, 8000)
+    assert admits([policy], Pod("monitoring", PROMETHEUS), runtime, 8000)
+    assert not admits([policy], Pod("monitoring", {}), runtime, 8000)
     for forged in (gateway, operator):
         assert not admits([policy], Pod("team-a", forged.labels), runtime, 8000)
         assert not admits([policy], Pod("team-b", forged.labels), runtime, 8000)
@@ -353,7 +358,9 @@ def test_extra_pod_labels_args_and_env_reach_both_pods(helm, full_objects, defau
 
 def test_the_peering_object_belongs_to_the_release(helm, default_objects, full_objects):
     """The operator would create it too, but then nothing would delete it on `helm uninstall`."""
-    (cluster_wide,) = by_kind(default_objects, "ClusterKopfPeering")
+    (own,) = by_kind(default_objects, "KopfPeering")
+    assert (own["metadata"]["name"], own["metadata"]["namespace"]) == ("sluice-operator", "sluice")
+    (cluster_wide,) = by_kind(helm.template("--set", "rbac.clusterWide=true"), "ClusterKopfPeering")
     assert cluster_wide["metadata"]["name"] == "sluice-operator"
     assert sorted(p["metadata"]["namespace"] for p in by_kind(full_objects, "KopfPeering")) == ["demo", "team-a"]
     assert not by_kind(full_objects, "ClusterKopfPeering")

@@ -101,7 +101,7 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- with $c.coldStart }}{{ $_ := set $config "cold_start" . }}{{ end -}}
 {{- with $c.priority }}{{ $_ := set $config "priority" . }}{{ end -}}
 {{- with (include "sluice.redisUrl" $root) }}
-{{- $_ := set $config "redis" (dict "url" . "on_failure" $root.Values.redis.onFailure) -}}
+{{- $_ := set $config "redis" (include "sluice.redisSettings" $root | fromJson) -}}
 {{- end -}}
 {{- if .startOnly -}}
 {{- range ($root.Files.Get "files/gateway-reloadable-fields.yaml" | fromYamlArray) }}{{ $config = omit $config . }}{{ end -}}
