@@ -38,7 +38,7 @@ from .metrics import GatewayMetrics
 from .picker import Picker
 from .priority_hold import PriorityHold
 from .plain_endpoints import GET_ROUTES
-from .request import parse_request_off_loop
+from .request import parse_request_off_loop, stop_parser, warm_parser
 from .request_context import RequestContext
 from .relay import error_event
 from .routing_table import max_model_len, reachable, starting_models
@@ -122,6 +122,7 @@ class GatewayApp:
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def startup(self) -> None:
         self._started = True
+        warm_parser()
         self._start_polling()
         self._tasks.append(asyncio.create_task(self.files.run(lambda: self.config.routing.reload_interval_s)))
 
@@ -153,6 +154,7 @@ class GatewayApp:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.forwarder.close()
+        stop_parser()
         await self.limiter.close()
 
     # -- ASGI --------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ sluice_contracts.request_priority, from gateway.yaml, whatever the client sent.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -26,7 +25,7 @@ from .errors import GatewayError
 from .metrics import GatewayMetrics
 from .picker import Attempt, Picker
 from .relay import ResponseRelay, Send, upstream_message
-from .request import ParsedRequest, off_loop_if_large
+from .request import serialise
 from .request_context import RequestContext
 from .upstream_credential import UpstreamCredential
 
@@ -85,7 +84,7 @@ class Forwarder:
         outcome.route, outcome.backend, outcome.endpoint = attempt.route, attempt.backend.name, attempt.endpoint.url
         outcome.adapter = attempt.backend.adapter
         ctx.parsed.payload["model"] = attempt.backend.served_model_name
-        body = await _serialised(ctx.parsed)
+        body = serialise(ctx.parsed.payload)
         if outcome.attempts == 1:
             outcome.overhead_s = time.perf_counter() - ctx.started
         sent_at = time.perf_counter()
@@ -165,14 +164,6 @@ class Forwarder:
     def _failed(self, attempt: Attempt, kind: str) -> None:
         self._picker.report_failure(attempt.endpoint)
         self._metrics.upstream_errors.labels(attempt.backend.name, kind).inc()
-
-
-async def _serialised(parsed: ParsedRequest) -> bytes:
-    """The body as sent upstream; a large one is written in the worker thread that parsed it."""
-    def dump() -> bytes:
-        return json.dumps(parsed.payload, separators=(",", ":")).encode()
-
-    return await off_loop_if_large(parsed, dump)
 
 
 def _nothing_answered(attempts: int) -> GatewayError:

@@ -18,16 +18,18 @@ Token-id prompts are counted exactly. The gateway sends `upper` to the runtime i
 `sluice_contracts.prompt_reservation`, and the runtime refuses a prompt whose real token count exceeds it.
 
 A body is also bounded in its number of elements (`MAX_BODY_ELEMENTS`), and one larger than
-`OFF_LOOP_BYTES` is parsed and measured in a worker thread, so a heavy body does not stall the event loop.
+`OFF_LOOP_BYTES` is parsed and measured in a separate process, so a heavy body does not stall the event loop.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import math
-from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pydantic_core
 
@@ -50,12 +52,8 @@ TEMPLATE_TOKENS_PER_CHAT = 160
 # Array elements and object members in one body, nested ones included: far above any real request (2,048
 # embedding inputs, a long prompt as token ids), far below what takes the gateway long to walk.
 MAX_BODY_ELEMENTS = 1 << 19
-# Bodies above this are parsed, walked and measured in a worker thread (the runtime's threshold too).
+# Bodies above this are parsed, walked and measured in the parser process (the runtime's threshold for its thread).
 OFF_LOOP_BYTES = 64 << 10
-
-T = TypeVar("T")
-# One thread: heavy bodies wait for each other, never for the event loop, and never take every core.
-_parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-body")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +74,6 @@ class ParsedRequest:
     # query, then each document), else one
     prompt_param: str  # the field holding the prompt, for error messages
     prefix: bytes
-    body_bytes: int  # as the client sent it
 
     @property
     def reserved_prompt_tokens(self) -> int:
@@ -84,20 +81,74 @@ class ParsedRequest:
         return sum(prompt.upper for prompt in self.prompts)
 
 
+@dataclass(frozen=True, slots=True)
+class Serialised:
+    """A top-level value of a large body, kept as the JSON text the parser process wrote: the gateway never
+    reads inside one, and writing it out again is a copy."""
+
+    json: str
+
+
 async def parse_request_off_loop(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest:
-    """`parse_request`, in the worker thread for a large body."""
-    return await _off_loop(len(body), lambda: parse_request(body, kind=kind, prefix_chars=prefix_chars))
+    """`parse_request`; a large body in the parser process, so that building its objects (which holds the
+    interpreter's lock throughout) never stalls this process's event loop. Its arrays and objects come back
+    as `Serialised` text."""
+    if len(body) <= OFF_LOOP_BYTES:
+        return parse_request(body, kind=kind, prefix_chars=prefix_chars)
+    try:
+        result = await asyncio.get_running_loop().run_in_executor(_parser(), _parse_compact, body, kind, prefix_chars)
+    except BrokenProcessPool:
+        stop_parser()
+        raise GatewayError(503, "the gateway could not read this request body; try again",
+                           code="parser_unavailable", headers=[(b"retry-after", b"1")]) from None
+    if isinstance(result, tuple):
+        status, message, code, param = result
+        raise GatewayError(status, message, code=code, param=param)
+    return result
 
 
-async def off_loop_if_large(parsed: ParsedRequest, work: Callable[[], T]) -> T:
-    """`work()` on the worker thread when it handles a large body (writing it out again, say)."""
-    return await _off_loop(parsed.body_bytes, work)
+def serialise(payload: dict[str, Any]) -> bytes:
+    """The body as sent upstream."""
+    if not any(isinstance(value, Serialised) for value in payload.values()):
+        return json.dumps(payload, separators=(",", ":")).encode()
+    members = (f"{json.dumps(key)}:{value.json if isinstance(value, Serialised) else json.dumps(value)}"
+               for key, value in payload.items())
+    return ("{" + ",".join(members) + "}").encode()
 
 
-async def _off_loop(size: int, work: Callable[[], T]) -> T:
-    if size <= OFF_LOOP_BYTES:
-        return work()
-    return await asyncio.get_running_loop().run_in_executor(_parser, work)
+def warm_parser() -> None:
+    """Start the parser process now, so the first large body does not wait for it."""
+    _parser().submit(int)
+
+
+_pool: ProcessPoolExecutor | None = None
+
+
+def _parser() -> ProcessPoolExecutor:
+    # One process: heavy bodies wait for each other, never for the event loop, and never take every core.
+    global _pool
+    if _pool is None:
+        _pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    return _pool
+
+
+def stop_parser() -> None:
+    """Stop the parser process (a later large body starts another)."""
+    global _pool
+    pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _parse_compact(body: bytes, kind: str, prefix_chars: int) -> ParsedRequest | tuple:
+    """In the parser process: the request with its containers as text, or the error's fields to raise."""
+    try:
+        parsed = parse_request(body, kind=kind, prefix_chars=prefix_chars)
+    except GatewayError as err:
+        return err.status, err.message, err.code, err.param
+    parsed.payload = {key: Serialised(json.dumps(value, separators=(",", ":")))
+                      if isinstance(value, (dict, list)) else value for key, value in parsed.payload.items()}
+    return parsed
 
 
 def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest:
@@ -124,8 +175,7 @@ def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest
     except InvalidCostField as exc:
         raise GatewayError(400, str(exc), param=exc.param, code="invalid_value") from None
     prefix = "\x1e".join(texts)[:prefix_chars].encode()
-    return ParsedRequest(kind, payload, model, stream, client_wants_usage, cost, tuple(prompts), prompt_param, prefix,
-                         len(body))
+    return ParsedRequest(kind, payload, model, stream, client_wants_usage, cost, tuple(prompts), prompt_param, prefix)
 
 
 _TOO_DEEP = f"it is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays and objects)"

@@ -6,7 +6,7 @@ import pytest
 from sluice_gateway.cost import check_context, reserve
 from sluice_gateway.errors import GatewayError
 from sluice_gateway.request import (
-    MAX_CHARS_PER_TOKEN, TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE, parse_request,
+    MAX_BODY_ELEMENTS, MAX_CHARS_PER_TOKEN, TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE, parse_request,
 )
 
 # The default message's bound: its 400 bytes, the keys and the role, an allowance for the message and its two
@@ -123,3 +123,46 @@ def test_nesting_is_bounded_by_the_runtimes_limit_not_by_the_bracket_count():
         parse_request(body(nested(MAX_JSON_DEPTH)), kind="chat", prefix_chars=64)
     assert refused.value.status == 400 and refused.value.code == "invalid_json"
     assert f"more than {MAX_JSON_DEPTH} levels" in refused.value.message
+
+
+@pytest.mark.parametrize("extra", [
+    {"metadata": [0] * MAX_BODY_ELEMENTS},  # one flat array
+    {"metadata": {f"k{i}": 0 for i in range(MAX_BODY_ELEMENTS)}},  # one object's members
+    {"tools": [{"function": {"parameters": [[0] * 1024] * (MAX_BODY_ELEMENTS // 1024)}}]},  # spread, nested
+])
+def test_a_body_of_more_elements_than_the_bound_is_refused_whatever_holds_them(extra):
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **extra}
+    with pytest.raises(GatewayError) as refused:
+        parse_request(json.dumps(body).encode(), kind="chat", prefix_chars=64)
+    assert (refused.value.status, refused.value.code) == (400, "invalid_json")
+    assert f"more than {MAX_BODY_ELEMENTS} array elements" in refused.value.message
+    # Just under the bound is read.
+    parse_request(json.dumps({"model": "m", "prompt": [1] * (MAX_BODY_ELEMENTS - 8)}).encode(), kind="completion",
+                  prefix_chars=64)
+
+
+def tokens_reserved(kind: str, **body) -> int:
+    return parsed(kind, **body).reserved_prompt_tokens
+
+
+def test_text_in_any_field_reserves_at_least_its_bytes():
+    text = "hidden words " * 100
+    plain = tokens_reserved("chat", messages=[{"role": "user", "content": text}])
+    hiding_places = [
+        {"messages": [{"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": text}}]}]},
+        {"messages": [{"role": "assistant", "tool_calls": [
+            {"function": {"name": "f", "arguments": text[i:i + 13]}} for i in range(0, len(text), 13)]}]},
+        {"messages": [{"role": "user", "name": text, "content": ""}]},
+        {"messages": [{"role": "user", "content": "x"}], "tools": [{"function": {"description": text}}]},
+        {"messages": [{"role": "user", "content": "x"}], "some_future_field": {"deep": [text]}},
+    ]
+    for body in hiding_places:
+        assert tokens_reserved("chat", **body) >= len(text), body
+    assert plain >= len(text)
+    # Empty parts and empty prompts cost their framing each.
+    assert tokens_reserved("chat", messages=[{"role": "user", "content": [{"type": "text", "text": ""}] * 3000}]) \
+        >= 3000 * (len("type" "text" "text") + 2 * EACH)
+    assert tokens_reserved("completion", prompt=[""] * 3000) == 3000 * EACH
+    # The settings never reach a prompt: a long stop string or user id costs nothing.
+    assert tokens_reserved("chat", stop=["x" * 500], user="u" * 500) == PROMPT
