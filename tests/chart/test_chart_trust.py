@@ -59,11 +59,13 @@ def test_cluster_wide_brings_the_write_policy(helm):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--set", "rbac.clusterWide=true", "--set", "operator.watchNamespaces={a}"], "leave operator.watchNamespaces empty"),
+    (["--set", "rbac.clusterWide=true", "--set", "operator.watchNamespaces={a}"],
+     "leave operator.watchNamespaces empty"),
     (["--set", "rbac.clusterWide=yes"], "/rbac/clusterWide"),
     (["--set", "rbac.everything=true"], "everything"),
     (["--set", "redis.tls.caSecret=ca", "--set", "redis.url=redis://r:6379/0"], "needs a rediss:// redis.url"),
-    (["--set", "redis.passwordSecret.name=Not_A_Name", "--set", "redis.url=redis://r:6379/0"], "/redis/passwordSecret/name"),
+    (["--set", "redis.passwordSecret.name=Not_A_Name", "--set", "redis.url=redis://r:6379/0"],
+     "/redis/passwordSecret/name"),
     (["--set", "networkPolicy.monitoringPodSelector.app=1"], "/networkPolicy/monitoringPodSelector"),
 ])
 def test_contradictions_and_typos_are_refused(helm, args, message):
@@ -97,8 +99,9 @@ def test_the_bundled_redis_asks_for_a_generated_password_the_gateway_has(helm, t
 def test_an_external_redis_takes_a_password_user_and_ca(helm, tmp_path):
     from sluice_gateway.config import load_config
 
-    objects = helm.template("--set", "redis.url=rediss://cache.example:6380/1", "--set", "redis.passwordSecret.name=cache",
-                            "--set", "redis.passwordSecret.key=secret", "--set", "redis.username=sluice",
+    objects = helm.template("--set", "redis.url=rediss://cache.example:6380/1",
+                            "--set", "redis.passwordSecret.name=cache", "--set", "redis.passwordSecret.key=secret",
+                            "--set", "redis.username=sluice",
                             "--set", "redis.tls.caSecret=cache-ca")
     assert not [o for o in objects if o["metadata"]["name"] == "sluice-redis"]
     (tmp_path / "gateway.yaml").write_text(one(objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])

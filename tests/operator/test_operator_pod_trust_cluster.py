@@ -166,7 +166,8 @@ def test_a_pod_under_the_real_replicaset_must_run_its_template(lookalikes, kube_
     assert replicas([own], replica_sets, deployments, models) == [own]
 
     other_args = copy.deepcopy(own)
-    other_args["spec"]["containers"][0]["args"] = [*(other_args["spec"]["containers"][0].get("args") or []), "--log-prompts"]
+    container = other_args["spec"]["containers"][0]
+    container["args"] = [*(container.get("args") or []), "--log-prompts"]
     other_image = copy.deepcopy(own)
     other_image["spec"]["containers"][0]["image"] = "registry.example/evil:1"
     extra_volume = copy.deepcopy(own)
