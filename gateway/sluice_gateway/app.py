@@ -271,7 +271,7 @@ class GatewayApp:
                 await self.hold.wait(ctx, models, lambda: not starting_models(self._routes(self.table, ctx)), send)
             rank = ctx.principal.rank
             await self.priority_hold.wait(rank, self.config.priority, lambda: self.picker.saturated(
-                self.table, parsed.model, ctx.principal.may_use, ctx.kind))
+                self.table, parsed.model, ctx.principal.may_use, ctx.kind), model=parsed.model, tenant=ctx.tenant)
             attempts = self.picker.plan(self.table, parsed.model, prefix=prefix, session=sticky,
                                         allowed=ctx.principal.may_use, task=ctx.kind, prefer_idle=rank.urgency < 0)
             await self.forwarder.forward(ctx, attempts, self.config.routing.max_attempts, send)

@@ -6,7 +6,8 @@ held requests, which are then forwarded as any other. While it waits, a streamin
 line every `keepalive_s` (its response headers go out when the hold starts), so clients and proxies do not time
 out; a non-streaming one gets nothing until the answer.
 
-Bounded per model (`max_held_per_model`) and in time (`max_wait_s`): past either the client gets 503 with
+Bounded per model (`max_held_per_model`, a tenant at most its fair share of it: fair_holds.py) and in time
+(`max_wait_s`): past either the client gets 503 with
 Retry-After, and so do the held requests of a gateway that is stopping. A stream whose headers are already out
 gets the same error as its last event. A held request whose client leaves is cancelled, and so leaves the hold.
 """
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
 
 from .config import ColdStart
 from .errors import GatewayError
+from .fair_holds import FairHolds
 from .metrics import GatewayMetrics
 from .relay import Send
 from .request_context import RequestContext
@@ -30,12 +31,12 @@ class ColdStartHold:
     def __init__(self, settings: ColdStart, metrics: GatewayMetrics) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._held: Counter[str] = Counter()
+        self._held = FairHolds()
         self._changed = asyncio.Event()
         self._closing = False
 
     def held(self, model: str) -> int:
-        return self._held[model]
+        return self._held.held(model)
 
     def table_changed(self) -> None:
         """A new routing table: every held request looks again for an endpoint."""
@@ -52,15 +53,18 @@ class ColdStartHold:
         settings = self._settings
         if self._closing:
             raise self._refusal(models, "the gateway is shutting down; retry to reach another replica")
-        full = [m for m in models if self._held[m] >= settings.max_held_per_model]
-        if full:
-            self._metrics.hold_refusals.labels(full[0], "full").inc()
-            why = (f"{settings.max_held_per_model} requests are already waiting for it" if settings.max_held_per_model
-                   else "this gateway holds no request while a model starts")
-            raise self._refusal(models, why)
+        limit, tenant = settings.max_held_per_model, ctx.tenant
         for model in models:
-            self._held[model] += 1
-            self._metrics.held_requests.labels(model).set(self._held[model])
+            reason = self._held.refusal(model, tenant, limit)
+            if reason is not None:
+                self._metrics.hold_refusals.labels(model, reason).inc()
+                why = ("this gateway holds no request while a model starts" if not limit
+                       else f"{limit} requests are already waiting for it" if reason == "full"
+                       else "your requests already take your share of the requests waiting for it")
+                raise self._refusal(models, why)
+        for model in models:
+            self._held.add(model, tenant)
+            self._metrics.held_requests.labels(model).set(self._held.held(model))
         started = time.perf_counter()
         outcome = "client_left"
         try:
@@ -72,10 +76,8 @@ class ColdStartHold:
             raise err
         finally:
             for model in models:
-                self._held[model] -= 1
-                self._metrics.held_requests.labels(model).set(self._held[model])
-                if not self._held[model]:
-                    del self._held[model]
+                self._held.remove(model, tenant)
+                self._metrics.held_requests.labels(model).set(self._held.held(model))
             ctx.outcome.held_s = time.perf_counter() - started
             self._metrics.hold_seconds.labels(models[0], outcome).observe(ctx.outcome.held_s)
 

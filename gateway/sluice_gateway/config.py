@@ -75,7 +75,10 @@ class Priority(_Strict):
         default=2.0, ge=0, le=60,
         description="Longest wait of a less urgent request for a replica with nothing queued; then 503. 0: no hold.",
     )
-    max_held: int = Field(default=256, ge=0, le=100_000, description="Requests held at once; more get 503 at once.")
+    max_held: int = Field(
+        default=256, ge=0, le=100_000,
+        description="Requests held at once per model, a tenant at most its fair share; more get 503 at once.",
+    )
 
     @field_validator("classes")
     @classmethod
@@ -201,8 +204,8 @@ class ColdStart(_Strict):
     )
     max_held_per_model: int = Field(
         default=100, ge=0, le=100000, strict=True,
-        description="Requests held at once per model (per gateway replica); one more gets 503 with Retry-After. "
-                    "0: none is held.",
+        description="Requests held at once per model (per gateway replica), a tenant at most its fair share; one "
+                    "more gets 503 with Retry-After. 0: none is held.",
     )
     keepalive_s: float = Field(
         default=5.0, gt=0, le=60,

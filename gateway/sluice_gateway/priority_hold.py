@@ -2,7 +2,8 @@
 serve them is saturated (its engine queues requests).
 
 Such a request waits for a load poll that shows a replica with nothing queued, at most `priority.hold_s`; with
-`priority.max_held` already waiting, or past the wait, it gets 503 with Retry-After and is not forwarded, so the
+`priority.max_held` already waiting for its model, or its tenant's fair share of them (fair_holds.py), or past
+the wait, it gets 503 with Retry-After and is not forwarded, so the
 replicas' queues stay for the more urgent classes. A held request whose client leaves is dropped like any other
 (app.py cancels it). Requests of the default class or more urgent ones never wait here.
 """
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from .auth import Rank
 from .config import Priority
 from .errors import GatewayError
+from .fair_holds import FairHolds
 from .metrics import GatewayMetrics
 from .picker import Picker
 
@@ -23,18 +25,23 @@ class PriorityHold:
     def __init__(self, picker: Picker, metrics: GatewayMetrics) -> None:
         self._picker = picker
         self._metrics = metrics
-        self._held = 0
+        self._held = FairHolds()
 
-    async def wait(self, rank: Rank, settings: Priority, saturated: Callable[[], bool]) -> None:
+    async def wait(self, rank: Rank, settings: Priority, saturated: Callable[[], bool], *, model: str,
+                   tenant: str) -> None:
         """Returns once the request may be forwarded; raises the 503 it gets otherwise."""
         if rank.urgency <= 0 or not saturated():
             return
-        if self._held >= settings.max_held or settings.hold_s == 0:
-            self._shed(rank, settings, "could not wait: the hold is full" if settings.hold_s else "is not held")
+        if settings.hold_s == 0:
+            self._shed(rank, settings, "is not held")
+        reason = self._held.refusal(model, tenant, settings.max_held)
+        if reason is not None:
+            self._shed(rank, settings, "could not wait: the hold for this model is full" if reason == "full" else
+                       "could not wait: your requests already take your share of the hold for this model")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + settings.hold_s
         held = self._metrics.priority_held.labels(rank.priority_class)
-        self._held += 1
+        self._held.add(model, tenant)
         held.inc()
         try:
             while saturated():
@@ -43,7 +50,7 @@ class PriorityHold:
                     self._shed(rank, settings, f"did not get one within {settings.hold_s:g} s")
                 await self._picker.next_poll(remaining)
         finally:
-            self._held -= 1
+            self._held.remove(model, tenant)
             held.dec()
 
     def _shed(self, rank: Rank, settings: Priority, what: str) -> None:
