@@ -109,6 +109,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from sluice_runtime.engine.async_engine import AsyncEngine
     from sluice_runtime.model_load_error import ModelLoadError
     from sluice_runtime.server.app import build_app
+    from sluice_runtime.server.http_head import BoundedHeadProtocol
 
     try:
         engine = AsyncEngine.from_config(engine_config)
@@ -122,7 +123,7 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"sluice-runtime: error: {exc}", file=sys.stderr)
         return 1
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=5, timeout_keep_alive=30)
+                            timeout_graceful_shutdown=5, timeout_keep_alive=30, http=BoundedHeadProtocol)
     server = _server_class()(config, app.state.runtime, settings)
     listener = config.bind_socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
