@@ -87,7 +87,7 @@ class GatewayApp:
         self.priority_hold = PriorityHold(self.picker, self.metrics)
         self.forwarder = Forwarder(
             config.timeouts, self.picker, self.metrics, credential=self.files.upstream_credential,
-            max_response_bytes=config.max_response_bytes,
+            max_response_bytes=config.max_response_bytes, max_held_response_bytes=config.max_held_response_bytes,
         )
         self.hold = ColdStartHold(config.cold_start, self.metrics)
         self.limiter: Limiter = (

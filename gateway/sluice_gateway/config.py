@@ -225,6 +225,11 @@ class GatewayConfig(_Strict):
     max_response_bytes: int = Field(
         default=16 * 1024 * 1024, gt=0, description="Largest non-streaming upstream response passed on (else 502)."
     )
+    max_held_response_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0,
+        description="Bytes of non-streaming answers held at once, all requests together; an answer that would "
+                    "pass it is passed through as it arrives instead of held whole.",
+    )
     upstream_credential_file: Path | None = Field(
         default=None, description="Runtime credential sent upstream as a Bearer token; relative to this file."
     )

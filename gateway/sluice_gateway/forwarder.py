@@ -36,13 +36,13 @@ _MAX_ERROR_BODY = 64 * 1024  # of an upstream error, only the message is passed 
 class Forwarder:
     def __init__(
         self, timeouts: Timeouts, picker: Picker, metrics: GatewayMetrics, *, credential: UpstreamCredential,
-        max_response_bytes: int,
+        max_response_bytes: int, max_held_response_bytes: int,
     ) -> None:
         self._timeouts = timeouts
         self._picker = picker
         self._metrics = metrics
         self._credential = credential
-        self._relay = ResponseRelay(timeouts, metrics, max_response_bytes)
+        self._relay = ResponseRelay(timeouts, metrics, max_response_bytes, max_held_response_bytes)
         self.pool = ConnectionPool(timeouts.connect_s)
 
     def close(self) -> None:

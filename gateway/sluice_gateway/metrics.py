@@ -59,6 +59,10 @@ class GatewayMetrics:
         self.client_disconnects = Counter(
             "sluice_gateway_client_disconnects", "Requests whose client left before the response ended.", registry=r
         )
+        self.responses_passed_through = Counter(
+            "sluice_gateway_responses_passed_through", "Non-streaming answers passed on as they arrived, not held "
+            "whole, because the answers held at once reached max_held_response_bytes.", registry=r,
+        )
         self.in_flight = Gauge("sluice_gateway_requests_in_flight", "Requests being proxied now.", registry=r)
         self.priority_held = Gauge(
             "sluice_gateway_priority_held", "Requests of a less urgent class waiting for a replica with room.",

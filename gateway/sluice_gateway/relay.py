@@ -24,13 +24,34 @@ from .usage_scan import inspect_events, read_usage
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _MAX_PENDING = 1024 * 1024  # bytes of an unfinished event held back, at most
+# Of an answer passed through unheld, the start and the end are kept: its usage object is in one of them.
+_USAGE_EDGE = 64 * 1024
+
+
+class HeldBytes:
+    """The bytes of whole answers held at once, across requests, within `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
 
 
 class ResponseRelay:
-    def __init__(self, timeouts: Timeouts, metrics: GatewayMetrics, max_response_bytes: int) -> None:
+    def __init__(self, timeouts: Timeouts, metrics: GatewayMetrics, max_response_bytes: int,
+                 max_held_response_bytes: int) -> None:
         self._timeouts = timeouts
         self._metrics = metrics
         self._max_response_bytes = max_response_bytes
+        self._held = HeldBytes(max_held_response_bytes)
 
     async def relay(
         self, ctx: RequestContext, resp: UpstreamResponse, headers_at: float, deadline: float, send: Send,
@@ -50,15 +71,68 @@ class ResponseRelay:
             resp.release()  # back to the pool if read to its end, else closed
 
     async def _whole(self, ctx: RequestContext, resp: UpstreamResponse, deadline: float, send: Send) -> None:
-        data = await self._read_whole(ctx, resp, deadline)
-        await send({"type": "http.response.start", "status": resp.status, "headers": [
-            *_content_headers(resp), (b"content-length", str(len(data)).encode()), *ctx.response_headers,
-            _overhead_header(ctx),
-        ]})
-        ctx.outcome.responded = True
-        await send({"type": "http.response.body", "body": data})
+        """Held whole (so that a failure can still be told with a status), within the per-answer bound and,
+        together with every other answer held now, `max_held_response_bytes`; past that, passed through."""
+        declared = resp.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._max_response_bytes:
+            raise self._too_large(ctx)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout_at(deadline):
+                async for chunk in resp.iter_chunks():
+                    if size + len(chunk) > self._max_response_bytes:
+                        raise ResponseTooLarge("too large")
+                    if not self._held.take(len(chunk)):
+                        self._metrics.responses_passed_through.inc()
+                        await self._pass_through(ctx, resp, [*chunks, chunk], deadline, send)
+                        return
+                    chunks.append(chunk)
+                    size += len(chunk)
+            data = b"".join(chunks)
+            chunks.clear()
+            await send({"type": "http.response.start", "status": resp.status, "headers": [
+                *_content_headers(resp), (b"content-length", str(len(data)).encode()), *ctx.response_headers,
+                _overhead_header(ctx),
+            ]})
+            ctx.outcome.responded = True
+            await send({"type": "http.response.body", "body": data})
+        except ResponseTooLarge:
+            raise self._too_large(ctx) from None
+        except TimeoutError:
+            raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
+        except UpstreamError:
+            raise GatewayError(502, "the model server closed the connection mid-response") from None
+        finally:
+            self._held.give(size)
         if resp.status == 200:  # after sending: accounting is off the client's critical path
             read_usage(data, ctx.outcome)
+
+    async def _pass_through(
+        self, ctx: RequestContext, resp: UpstreamResponse, first: list[bytes], deadline: float, send: Send,
+    ) -> None:
+        """The answer as it arrives (its length unsaid: chunked), holding none of it. Its headers are out, so a
+        failure from here on cuts it short instead of answering 502."""
+        await send({"type": "http.response.start", "status": resp.status, "headers": [
+            *_content_headers(resp), *ctx.response_headers, _overhead_header(ctx),
+        ]})
+        head = b"".join(first)
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+        head, tail = head[:_USAGE_EDGE], head[-_USAGE_EDGE:]
+        try:
+            async with asyncio.timeout_at(deadline):
+                async for chunk in resp.iter_chunks():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    tail = (tail + chunk)[-_USAGE_EDGE:]
+        except (UpstreamError, TimeoutError):
+            # Left unfinished: the server closes the connection, and the client sees an incomplete answer.
+            self._metrics.upstream_errors.labels(ctx.outcome.backend, "mid_response").inc()
+            ctx.outcome.status, ctx.outcome.finish_reason = 502, "upstream_error"
+            return
+        ctx.outcome.responded = True
+        await send({"type": "http.response.body", "body": b""})
+        if resp.status == 200:
+            read_usage(head + b" " + tail, ctx.outcome)
 
     async def _as_error_event(self, ctx: RequestContext, resp: UpstreamResponse, deadline: float, send: Send) -> None:
         """An answer that is not a stream, to a stream whose headers are out: its error as the last event."""
@@ -110,16 +184,19 @@ class ResponseRelay:
             self._metrics.ttft.labels(outcome.route, outcome.backend).observe(outcome.ttft_s)
         return inspect_events(events, ctx.strip_usage, outcome)
 
+    def _too_large(self, ctx: RequestContext) -> GatewayError:
+        self._metrics.upstream_errors.labels(ctx.outcome.backend, "response_too_large").inc()
+        return GatewayError(
+            502, f"the model's response is larger than the gateway's limit of {self._max_response_bytes} "
+            "bytes; ask for fewer tokens, choices or logprobs, or stream it", code="upstream_response_too_large",
+        )
+
     async def _read_whole(self, ctx: RequestContext, resp: UpstreamResponse, deadline: float) -> bytes:
         try:
             async with asyncio.timeout_at(deadline):
                 return await resp.read(self._max_response_bytes)
         except ResponseTooLarge:
-            self._metrics.upstream_errors.labels(ctx.outcome.backend, "response_too_large").inc()
-            raise GatewayError(
-                502, f"the model's response is larger than the gateway's limit of {self._max_response_bytes} "
-                "bytes; ask for fewer tokens, choices or logprobs, or stream it", code="upstream_response_too_large",
-            ) from None
+            raise self._too_large(ctx) from None
         except TimeoutError:
             raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
         except UpstreamError:
