@@ -160,6 +160,7 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
                             ("create", "configmaps/sluice-routing-table"), ("delete", "configmaps/sluice-routing-table"),
                             ("create", credential), ("patch", credential), ("delete", credential),
                             ("create", policy), ("delete", policy), ("create", "events"),
+                            ("get", "secrets/a-models-token"),
                             ("create", "inferencepools.inference.networking.k8s.io"),
                             ("patch", "inferencepools.inference.networking.k8s.io"),
                             ("delete", "inferencepools.inference.networking.k8s.io")):
@@ -167,8 +168,8 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
         for namespace in (watched, elsewhere):
             # Only what it owns, by name; nothing it has no feature for.
             for request in (("delete", "configmaps"), ("delete", "configmaps/kube-root-ca.crt"),
-                            ("patch", "configmaps/someone-elses"), ("get", "secrets"), ("list", "secrets"),
-                            ("get", "secrets/someone-elses"), ("delete", "pods"), ("create", "pods"),
+                            ("patch", "configmaps/someone-elses"), ("list", "secrets"), ("watch", "secrets"),
+                            ("patch", "secrets/someone-elses"), ("delete", "pods"), ("create", "pods"),
                             ("delete", "deployments"), ("delete", "services"), ("get", "pods"),
                             ("delete", "networkpolicies/someone-elses"), ("create", "roles"),
                             ("update", "inferencemodels/status"),
@@ -183,6 +184,7 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
             for namespace in (elsewhere, home):
                 assert not _can(cluster, account, "create", "deployments", "-n", namespace), namespace
             assert not _can(cluster, account, "list", "pods", "-n", elsewhere)
+            assert not _can(cluster, account, "get", "secrets/a-models-token", "-n", elsewhere)
             # Home: the gateway pods, whose metrics carry each model's demand (scale from zero); read only.
             assert _can(cluster, account, "list", "pods", "-n", home)
             assert not _can(cluster, account, "patch", "pods", "-n", home)
@@ -194,7 +196,7 @@ def test_installed_operator_may_do_what_it_needs_and_nothing_more(cluster, watch
             for request in (("list", "namespaces"), ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
                             ("list", "inferencemodels.sluice.dev", "--all-namespaces")):
                 assert _can(cluster, account, *request), request
-            assert not _can(cluster, account, "get", "secrets", "--all-namespaces")
+            assert not _can(cluster, account, "list", "secrets", "--all-namespaces")
     finally:
         helm.run("uninstall", release, "--namespace", home, "--kubeconfig", cluster.kubeconfig, check=False)
         cluster.kubectl("delete", "namespace", home, watched, elsewhere, "--wait=false", check=False)

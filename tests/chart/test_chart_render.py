@@ -106,13 +106,14 @@ def test_operator_rbac_with_watch_namespaces_is_namespaced_only(helm, full_objec
 
 
 def test_operator_rules_grant_nothing_broad():
-    """No verb on a kind it does not own; ConfigMaps and Secrets only by name; no delete outside what it owns (by
-    name, or a model's own InferencePool)."""
+    """No verb on a kind it does not own; ConfigMaps and Secrets written only by name, Secrets read by name only
+    (a model's tokenSecret, whose opt-in label is checked); no delete outside what it owns (by name, or a model's
+    own InferencePool)."""
     rules = _rules("served", "release", "cluster")
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
         if {"configmaps", "secrets", "networkpolicies"} & set(rule["resources"]):
-            assert rule.get("resourceNames"), rule
+            assert rule.get("resourceNames") or (rule["resources"] == ["secrets"] and rule["verbs"] == ["get"]), rule
         assert "deletecollection" not in rule["verbs"], rule
         if "delete" in rule["verbs"]:
             # A model's InferencePool is named like the model (unknown in advance); the operator deletes only a
