@@ -156,7 +156,9 @@ class EngineGuard:
         if not (scope["method"] in _OPEN_METHODS and scope["raw_path"] in _OPEN_RAW_PATHS):
             refusal = self._credential.refusal(headers)
             if refusal is not None:
-                await _answer(send, 401, refusal, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+                # Closed after: whatever body the client still sends is not worth reading and dropping.
+                await _answer(send, 401, refusal, "invalid_api_key",
+                              [(b"www-authenticate", b"Bearer"), (b"connection", b"close")])
                 return
         declared = _declared_length(headers)
         if declared is not None and declared > self._max_body:

@@ -162,6 +162,17 @@ def test_every_path_but_the_probes_is_refused_without_the_credential(guard, engi
     assert not reached_engine(engine, request_id, timeout=0.2)
 
 
+def test_a_refused_client_is_not_read_further(guard):
+    """A refusal closes the connection: a body declared as 1 GiB behind it is not read and dropped."""
+    with socket.create_connection(("127.0.0.1", guard.port), timeout=10) as sock:
+        sock.sendall(b"POST /tokenize HTTP/1.1\r\nhost: x\r\ncontent-length: 1073741824\r\n\r\n")
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
+
+
 @pytest.mark.parametrize("head", [
     # An absolute URI, and Host headers naming the engine itself or localhost: none of them opens a path.
     "POST http://127.0.0.1/tokenize HTTP/1.1\r\nhost: 127.0.0.1",
