@@ -618,6 +618,19 @@ def test_inference_pool_is_made_valid_updated_reported_and_collected(setup):
     assert operator.forbidden() == []
 
 
+def test_a_route_taking_a_models_own_name_is_reported_and_the_model_keeps_it(samples):
+    api = samples
+    api.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "ModelRoute", "metadata": {"name": "takeover"},
+               "spec": {"model": "smollm2", "backends": [{"inferenceModel": "smollm2"}], "affinity": "none"}})
+    ready = wait_for(lambda: (c := api.condition("mr", "takeover", "Ready")).get("reason") == "NameConflict" and c,
+                     what="Ready/NameConflict on the route")
+    assert ready["status"] == "False" and "InferenceModel 'smollm2'" in ready["message"]
+    assert api.condition("mr", "takeover", "Degraded")["status"] == "True"
+    assert _events(api, "takeover", "NameConflict")[0]["type"] == "Warning"
+    assert api.table()["routes"]["smollm2"]["affinity"] == "prefix", "the model's own route, not the ModelRoute's"
+    api.run("delete", "mr", "takeover", "--wait=false")
+
+
 def test_deletion_leaves_nothing_behind(setup, samples):
     api, operator = setup
     api.run("delete", "mr", "chat")
@@ -704,16 +717,3 @@ def test_a_vllm_model_runs_its_engine_behind_the_guard(setup):
     assert [m["mountPath"] for m in guard["volumeMounts"]] == [runtime_credential.MOUNT_DIR]
     assert runtime_credential.MOUNT_DIR not in [m["mountPath"] for m in runtime["volumeMounts"]]
     api.run("delete", "im", "guarded", "--wait=false")
-
-
-def test_a_route_taking_a_models_own_name_is_reported_and_the_model_keeps_it(samples):
-    api = samples
-    api.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "ModelRoute", "metadata": {"name": "takeover"},
-               "spec": {"model": "smollm2", "backends": [{"inferenceModel": "smollm2"}], "affinity": "none"}})
-    ready = wait_for(lambda: (c := api.condition("mr", "takeover", "Ready")).get("reason") == "NameConflict" and c,
-                     what="Ready/NameConflict on the route")
-    assert ready["status"] == "False" and "InferenceModel 'smollm2'" in ready["message"]
-    assert api.condition("mr", "takeover", "Degraded")["status"] == "True"
-    assert _events(api, "takeover", "NameConflict")[0]["type"] == "Warning"
-    assert api.table()["routes"]["smollm2"]["affinity"] == "prefix", "the model's own route, not the ModelRoute's"
-    api.run("delete", "mr", "takeover", "--wait=false")
