@@ -11,6 +11,7 @@ from typing import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from sluice_contracts import prompt_reservation
 from sluice_contracts.load_report import LoadReport, PrefixCacheStats
 from sluice_contracts.runtime_flags import LORA_NAME_PATTERN, lora_name_message
 from sluice_runtime.engine.errors import EngineDead, EngineError
@@ -36,6 +37,7 @@ from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeReque
                        EmbeddingRequest, EmbeddingResponse, LoadLoraAdapterRequest, ModelCard, ModelList,
                        RerankRequest, RerankResponse, TokenizeRequest, TokenizeResponse, UnloadLoraAdapterRequest)
 from .request_body import off_loop_if_large, read_json, request_cost, validated
+from .reservation import check_reservation, reserved_prompt_tokens
 from .serving import GenerationServing
 from .settings import ServerSettings
 from .structured_output import GrammarCompiler
@@ -80,11 +82,13 @@ class Runtime:
         """A /v1/chat/completions or /v1/completions request, from its body to its response or stream."""
         schema, normalize, serving = ((ChatCompletionRequest, self.normalizer.chat, self.chat) if endpoint == "chat"
                                       else (CompletionRequest, self.normalizer.completion, self.completions))
+        reserved = reserved_prompt_tokens(request.headers)
         payload = await read_json(request)
         body = validated(schema, payload)
         record = self.record(request, body.model, body.stream)
         cost = request_cost(payload, endpoint)
         greq = await off_loop_if_large(request, normalize, body, cost, request.state.request_id)
+        check_reservation(reserved, greq.prompts, prompt_reservation.PARAM if endpoint == "chat" else "prompt")
         apply_priority_headers(greq, request.headers)
         self._describe(record, greq)
         self.metrics.in_flight.inc()
@@ -94,15 +98,20 @@ class Runtime:
             self.metrics.in_flight.dec()
 
     async def embed(self, request: Request) -> EmbeddingResponse:
+        reserved = reserved_prompt_tokens(request.headers)
         body = validated(EmbeddingRequest, await read_json(request))
         record = self.record(request, body.model)
         prompts = await off_loop_if_large(request, self.normalizer.embedding_inputs, body)
+        check_reservation(reserved, prompts, "input")
         return await self.pooling.embeddings(body, prompts, request.state.request_id, request.receive, record)
 
     async def rerank(self, request: Request) -> RerankResponse:
+        reserved = reserved_prompt_tokens(request.headers)
         body = validated(RerankRequest, await read_json(request))
         record = self.record(request, body.model)
         prompts = await off_loop_if_large(request, self.normalizer.rerank_inputs, body)
+        # The query is pooled like each document, so it is prompt too.
+        check_reservation(reserved, prompts, "documents")
         return await self.pooling.rerank(body, prompts, request.state.request_id, request.receive, record)
 
     def _describe(self, record, greq) -> None:
