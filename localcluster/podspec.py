@@ -2,7 +2,7 @@
 
 Follows the kubelet's rules where they apply to a process: `$(VAR)` references in env values, command
 and args; downward-API fieldRefs; ConfigMap/Secret keys; a bare executable name is looked up in the
-launcher's venv first (so `sluice-runtime` works), then on PATH.
+launcher's venv first (so `sluice-runtime` works), then on PATH; the pod's loopback address is its own.
 """
 from __future__ import annotations
 
@@ -176,12 +176,24 @@ def process_spec(
         env["KUBECONFIG"] = kubeconfig
     env["PATH"] = f"{venv_bin}{os.pathsep}{base_env.get('PATH', '')}"
     env["HOSTNAME"] = pod["metadata"]["name"]
-    env.update({name: remap(value, mounts) for name, value in defined.items()})
+    pod_ip = (pod.get("status") or {}).get("podIP") or "127.0.0.1"
+    env.update({name: own_loopback(remap(value, mounts), pod_ip) for name, value in defined.items()})
     env.update(pinned_env or {})
-    argv = [remap(expand(part, defined), mounts) for part in command + list(container.get("args") or [])]
+    argv = [own_loopback(remap(expand(part, defined), mounts), pod_ip)
+            for part in command + list(container.get("args") or [])]
     cwd = remap(container.get("workingDir") or "", mounts) or os.getcwd()
     argv[0] = resolve_executable(argv[0], cwd, venv_bin, env["PATH"])
     return ProcessSpec(container=container["name"], argv=argv, env=env, cwd=cwd)
+
+
+# Every container of a pod on a real node shares the pod's network namespace, whose loopback is the pod's own
+# (an engine behind its guard listens there). Launched pods all share the host's loopback, so a pod's own address
+# stands in for it: two pods' engines on one loopback port would otherwise collide.
+_LOOPBACK = re.compile(r"(?<![0-9.])127\.0\.0\.1(?![0-9])")
+
+
+def own_loopback(text: str, pod_ip: str) -> str:
+    return _LOOPBACK.sub(pod_ip, text)
 
 
 def decode_secret(data: dict[str, str] | None) -> dict[str, str]:

@@ -10,10 +10,11 @@ from sluice_operator.builders import Owner, Release, build_deployment
 from sluice_operator.crd import InferenceModelSpec
 
 
-def _vllm_container(**runtime) -> dict:
+def _vllm_pod(**runtime) -> dict:
     spec = InferenceModelSpec.model_validate({"model": {"source": "smollm2"}, "runtime": {"engine": "vllm", **runtime}})
-    deployment = build_deployment(Owner(name="chat", namespace="n", uid="u"), spec, Release("r", "ns").credential_secret)
-    return deployment["spec"]["template"]["spec"]["containers"][0]
+    deployment = build_deployment(Owner(name="chat", namespace="n", uid="u"), spec, Release("r", "ns").credential_secret,
+                                  guard_image="ghcr.io/sluice-dev/sluice-operator:0.1.0")
+    return deployment["spec"]["template"]["spec"]
 
 
 def _runtime_parses(args: list[str]):
@@ -38,15 +39,29 @@ def test_only_vllms_image_is_stood_in_for(image, stands_in):
 
 def test_the_operators_vllm_command_line_runs_the_runtime(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    container = _vllm_container(maxModelLen=512, maxNumSeqs=4, kvCacheMemory="128Mi", prefixCaching=False,
-                                dtype="float32")
-    args = translate_vllm(container["args"], {"VLLM_API_KEY": "sk-credential"})
+    engine_container, guard = _vllm_pod(maxModelLen=512, maxNumSeqs=4, kvCacheMemory="128Mi", prefixCaching=False,
+                                        dtype="float32")["containers"]
+    assert stand_in_command(guard["image"]) is None, "the guard is ours and runs as it is"
+    args = translate_vllm(engine_container["args"], {})
     engine, server = _runtime_parses(args)
     assert not server.load_endpoint and server.served_model_names == ["chat"]
     assert args[args.index("--model") + 1] == "smollm2" and "--no-prefix-caching" in args
     assert args[args.index("--kv-cache-memory") + 1] == str(128 * 2**20)
-    key_file = args[args.index("--api-key-file") + 1]
-    assert open(key_file).read() == "sk-credential"
+    # Behind the guard the engine checks no key and listens on the pod's loopback only.
+    assert "--api-key-file" not in args and server.host == "127.0.0.1"
+
+
+def test_a_key_given_to_vllm_becomes_the_runtimes_key_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    args = translate_vllm(["m", "--port", "8000"], {"VLLM_API_KEY": "sk-credential"})
+    assert open(args[args.index("--api-key-file") + 1]).read() == "sk-credential"
+
+
+def test_a_pods_loopback_is_its_own_address():
+    from localcluster.podspec import own_loopback
+
+    assert own_loopback("http://127.0.0.1:8001", "127.1.0.7") == "http://127.1.0.7:8001"
+    assert own_loopback("127.0.0.10 and 127.0.0.1", "127.1.0.7") == "127.0.0.10 and 127.1.0.7"
 
 
 @pytest.mark.parametrize("args, message", [
