@@ -138,6 +138,7 @@ def main() -> None:
         (workdir / "gateway.yaml").write_text(
             "tenants:\n  - name: bench\n"
             f"    keys: [{{id: bench-key, sha256: {digest}}}]\n"
+            "    models: [bench]\n"
             "    limits: {requests_per_minute: 100000000, tokens_per_minute: 1000000000, max_concurrent: 10000}\n"
         )
         (workdir / "routes.json").write_text(json.dumps({"version": 1, "generation": 1, "routes": {"bench": {

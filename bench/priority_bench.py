@@ -57,7 +57,7 @@ def start_runtime(args, workdir: Path) -> tuple[subprocess.Popen, str]:
 
 
 def start_gateway(runtime_url: str, classes: dict[str, str], workdir: Path, name: str) -> tuple[subprocess.Popen, str]:
-    tenants = [{"name": f"tenant-{t}", "priority": classes[t],
+    tenants = [{"name": f"tenant-{t}", "priority": classes[t], "models": ["*"],
                 "keys": [{"id": t, "sha256": hashlib.sha256(KEYS[t].encode()).hexdigest()}]} for t in KEYS]
     config = {"tenants": tenants, "routing": {"poll_interval_s": 0.25}, "access_log": False,
               # A preempted stream is silent until it is admitted again: on a loaded 2-core machine that can take

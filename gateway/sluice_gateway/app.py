@@ -104,6 +104,7 @@ class GatewayApp:
             self._configure(config)
             self._configured = True
             log.info("gateway config loaded: %d tenants, %d admin keys", len(config.tenants), len(config.admin_keys))
+            _warn_of_tenants_without_models(config)
             return
         kept = [name for name in START_ONLY_FIELDS if getattr(config, name) != getattr(self.config, name)]
         if kept:
@@ -112,6 +113,7 @@ class GatewayApp:
         self.config = config
         self.keys = KeyStore(config)
         log.info("gateway config reloaded: %d tenants, %d admin keys", len(config.tenants), len(config.admin_keys))
+        _warn_of_tenants_without_models(config)
 
     def apply_table(self, table: RoutingTable) -> None:
         self.picker.sync(table)
@@ -249,6 +251,10 @@ class GatewayApp:
     async def _serve(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send) -> None:
         """Auth, body, parse, then admission; then held while the model has no endpoint, picked and forwarded."""
         ctx.principal = require_principal(self.keys, headers)
+        if ctx.principal.admin:
+            # An admin key opens /admin/*; were it also an inference key it would be one with no limits.
+            raise GatewayError(403, "admin keys may not call the inference API; use a tenant's key",
+                               code="admin_key_not_allowed")
         body = await read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
         parsed = ctx.parsed = await parse_request_off_loop(body, kind=ctx.kind,
                                                            prefix_chars=self.config.routing.prefix_chars)
@@ -332,3 +338,9 @@ class GatewayApp:
             self.metrics.client_disconnects.inc()
         finally:
             watcher.cancel()
+
+
+def _warn_of_tenants_without_models(config: GatewayConfig) -> None:
+    if idle := [tenant.name for tenant in config.tenants if not tenant.models]:
+        log.warning("gateway config: tenants %s list no models, so their keys may use none (models: [\"*\"] "
+                    "allows every model)", ", ".join(idle))

@@ -50,7 +50,9 @@ class Limits(_Strict):
 class Tenant(_Strict):
     name: str = Field(min_length=1)
     keys: tuple[ApiKey, ...] = Field(min_length=1)
-    models: tuple[str, ...] = Field(default=("*",), description="Globs of public model names this tenant may use.")
+    models: tuple[str, ...] = Field(
+        default=(), description="Globs of public model names this tenant may use; none when unset (`[\"*\"]`: all).",
+    )
     limits: Limits = Limits()
     priority: str | None = Field(default=None, description="A class of priority.classes; default: its default_class.")
     share: float = Field(
