@@ -174,7 +174,8 @@ class EngineGuard:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(self._host, self._port), _CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-            await _answer(send, 502, f"The engine at {self.upstream} cannot be reached: {reason}.", "engine_unreachable")
+            await _answer(send, 502, f"The engine at {self.upstream} cannot be reached: {reason}.",
+                          "engine_unreachable")
             return
         exchange = _Exchange()
         chunked = declared is None and any(name == b"transfer-encoding" for name, _ in scope["headers"])

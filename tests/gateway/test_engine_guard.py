@@ -197,7 +197,8 @@ def test_a_host_an_absolute_uri_or_a_method_opens_nothing(guard, engine, head):
 
 
 def test_two_authorization_headers_are_refused_even_if_one_is_right(guard):
-    status, _, body = raw_request(guard.port, f"POST /tokenize HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {CREDENTIAL}"
+    status, _, body = raw_request(guard.port, "POST /tokenize HTTP/1.1\r\nhost: x\r\n"
+                                  f"authorization: Bearer {CREDENTIAL}"
                                   "\r\nauthorization: Bearer nope\r\ncontent-length: 2", b"{}")
     assert_refused(status, body)
     assert "exactly one Authorization header" in json.loads(body)["error"]["message"]

@@ -180,7 +180,8 @@ def test_a_second_name_for_a_weight_cannot_carry_an_unchecked_tensor(server, ada
     header.pop("__metadata__", None)
     original = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
     alias = original.replace("layers.0.", "layers.00.")
-    header[alias] = {"dtype": "F32", "shape": [RANK, 64 * GiB // (4 * RANK)], "data_offsets": [len(data), len(data) + 64 * GiB]}
+    header[alias] = {"dtype": "F32", "shape": [RANK, 64 * GiB // (4 * RANK)],
+                     "data_offsets": [len(data), len(data) + 64 * GiB]}
     blob = json.dumps(header).encode()
     write_safetensors(adapter / WEIGHTS, header, data, size=8 + len(blob) + len(data) + 64 * GiB)
     before, started = rss_mib(server), time.monotonic()
@@ -253,7 +254,8 @@ def _huge_in_small_file(header: dict, data: bytes) -> tuple[dict, bytes]:
     (_spoil_header(lambda h, d: ({**h, "x": 5}, d)), "tensor 'x' is declared as 5"),
     (_spoil_header(lambda h, d: (_retyped(h, shape=[1] * 9), d)), "not a list of at most 8"),
     (_spoil_header(lambda h, d: (_retyped(h, shape=[2 ** 64, 1]), d)), "non-negative 64-bit integers"),
-    (_spoil_header(lambda h, d: (_retyped(h, data_offsets=[0, 2 ** 64]), d)), "has data_offsets [0, 18446744073709551616]"),
+    (_spoil_header(lambda h, d: (_retyped(h, data_offsets=[0, 2 ** 64]), d)),
+     "has data_offsets [0, 18446744073709551616]"),
     (_spoil_header(lambda h, d: ({**{k.replace("layers.0.", "layers." + "1" * 5000 + "."): v for k, v in h.items()}},
                                  d)), "which is not a LoRA weight"),
     (_spoil_header(lambda h, d: ({**h, "y" * 100000: 5}, d)), "tensor 'yyyy"),

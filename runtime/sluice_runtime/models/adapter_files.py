@@ -131,7 +131,8 @@ def read_safetensors_header(file: BinaryIO, shown: Path) -> tuple[dict[str, Tens
     return entries, 8 + length
 
 
-def read_tensors(file: BinaryIO, shown: Path, entries: dict[str, TensorEntry], data_start: int) -> dict[str, torch.Tensor]:
+def read_tensors(file: BinaryIO, shown: Path, entries: dict[str, TensorEntry],
+                 data_start: int) -> dict[str, torch.Tensor]:
     """The declared tensors' data, from the file `read_safetensors_header` checked them against."""
     size = max((entry.end for entry in entries.values()), default=0)
     data = bytearray(size)
