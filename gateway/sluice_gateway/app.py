@@ -194,6 +194,8 @@ class GatewayApp:
                                                    (b"x-sluice-request-id", own_id)])
             try:
                 await self._proxy(ctx, headers, receive, send)
+            except ClientGone:
+                pass  # it stopped reading the error it was being sent; _proxy settled and recorded the request
             finally:
                 send.cut_off()  # after _proxy settled the request's admission
             return
