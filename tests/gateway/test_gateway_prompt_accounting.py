@@ -146,3 +146,41 @@ def test_the_reservation_goes_upstream_in_the_contract_header_replacing_the_clie
             assert sent == reserved >= len(TEXT), (name, sent, reserved)
     finally:
         server.shutdown()
+
+
+class _Refuser(_Recorder):
+    """An upstream that refuses every prompt as longer than reserved, as a Sluice runtime answers one."""
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["content-length"]))
+        body = json.dumps({"error": {"message": "The prompt has 9 tokens, more than the 8 reserved for it.",
+                                     "type": "invalid_request_error", "param": prompt_reservation.PARAM,
+                                     "code": prompt_reservation.CODE}}).encode()
+        self.send_response(400)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_runtimes_refusal_of_a_prompt_over_its_reservation_is_passed_on_and_charges_nothing(
+        stream, start_gateway):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuser)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        routes = table(tiny={"backends": [backend("b", f"http://127.0.0.1:{server.server_port}")]})
+        gateway = start_gateway(gateway_config(tenants(WIDE_TPM)), routes)
+        headers = {"authorization": f"Bearer {key('user_message')}"}
+        body = {"model": "tiny", "max_tokens": 1, "stream": stream, "messages": [{"role": "user", "content": "Hi"}]}
+        response = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["code"], error["param"]) == (prompt_reservation.CODE, prompt_reservation.PARAM)
+        assert "more than the 8 reserved" in error["message"]
+        reserved = WIDE_TPM - int(response.headers["x-ratelimit-remaining-tokens"])
+        # Nothing was served, so nothing is charged: the next one's reservation is all that counts against it.
+        again = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert again.status_code == 400 and WIDE_TPM - int(again.headers["x-ratelimit-remaining-tokens"]) == reserved
+    finally:
+        server.shutdown()
