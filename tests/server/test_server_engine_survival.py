@@ -83,8 +83,9 @@ def test_an_embeddings_request_abandoned_while_queued_behind_another(server):
     """Left while its first forward still waits for the engine thread: the queued call is dropped unrun."""
     busy = _busy_engine(server)
     for _ in range(3):
+        # Far shorter than the packed forward it queues behind.
         with pytest.raises(httpx.TimeoutException):
-            httpx.post(f"{server.url}/v1/embeddings", timeout=0.3, json={"model": MODEL, "input": "short"})
+            httpx.post(f"{server.url}/v1/embeddings", timeout=0.15, json={"model": MODEL, "input": "short"})
     busy.join(timeout=300)
     _assert_serving(server)
 
@@ -97,7 +98,7 @@ def test_adapter_loads_and_unloads_abandoned_mid_way(server, adapter):
                        ({"lora_name": "tone"}, "unload_lora_adapter"),
                        ({"lora_name": "tone", "lora_path": str(adapter)}, "load_lora_adapter")):
         try:
-            httpx.post(f"{server.url}/v1/{path}", json=body, timeout=0.3)
+            httpx.post(f"{server.url}/v1/{path}", json=body, timeout=0.15)
         except httpx.TimeoutException:
             pass
     busy.join(timeout=300)
