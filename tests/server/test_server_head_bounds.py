@@ -145,6 +145,23 @@ def test_a_head_just_under_the_bounds_is_served(runtime_server):
     assert status == 200 and body["data"][0]["id"] == "smollm2"
 
 
+def test_a_body_arriving_with_its_head_is_not_counted_as_head(runtime_server):
+    """A body far larger than the head bounds, in the same write as the head's end (and after a request line sent
+    alone), is read as body."""
+    port = port_of(runtime_server)
+    body = json.dumps({"prompt": "word " * 40_000}).encode()
+    request = head(method="POST", target="/tokenize", headers=[("content-type", "application/json"),
+                                                                ("content-length", str(len(body)))]) + body
+    line_end = request.index(b"\r\n") + 2
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request[:line_end])
+        time.sleep(0.2)
+        sock.sendall(request[line_end:])
+        sock.shutdown(socket.SHUT_WR)
+        status, answer, _ = read_response(sock)
+    assert status == 200 and answer["count"] >= 40_000
+
+
 def test_too_many_small_headers_are_refused(runtime_server):
     port = port_of(runtime_server)
     # One field past the count ("host" is one), each a few bytes, far below the byte bound.
