@@ -195,3 +195,34 @@ def test_without_deadline_admission_a_budget_is_not_acted_on():
         response = httpx.post(f"{server.url}/v1/chat/completions", json=BODY,
                               headers={contract.BUDGET_HEADER: TINY, "x-stainless-read-timeout": TINY}, timeout=60)
         assert response.status_code == 200, response.text
+
+
+def test_a_default_budget_bounds_the_queue_and_a_stated_one_the_whole_answer():
+    # Long answers read at once, one at a time: behind a running one, the runtime's default (30 s) only bounds the
+    # wait for a first token, so the next is admitted; with the client's own 3 s timeout, which covers its whole
+    # answer, it cannot be answered in time.
+    long = {**BODY, "max_tokens": 150, "ignore_eos": True}
+    with start_runtime_server("--max-num-seqs", "1") as server:
+        url = f"{server.url}/v1/chat/completions"
+        # A fresh runtime has fitted its prefill cost on its warm-up's few steps only; an idle one still admits a
+        # long prompt, whose run corrects the fit, rather than refuse every prompt it overestimates.
+        prompt = {**BODY, "messages": [{"role": "user", "content": "word " * 1500}]}
+        assert httpx.post(url, json=prompt, timeout=120).status_code == 200
+        first = httpx.post(url, json=long, timeout=120)  # also measures the decode steps the estimate reads
+        assert first.status_code == 200, first.text
+        assert first.json()["usage"]["completion_tokens"] == 150
+        ahead = [threading.Thread(target=httpx.post, args=(url,), kwargs={"json": long, "timeout": 120})
+                 for _ in range(2)]
+        for thread in ahead:
+            thread.start()
+        _wait_queue(server.url, 1.0)
+        started = time.monotonic()
+        stated = httpx.post(url, json=long, headers={"x-request-timeout": "3"}, timeout=120)
+        # Refused at once, or ended once too little of its budget is left (the estimate is the measured steps'):
+        # never served late.
+        assert stated.status_code == 503 and stated.json()["error"]["code"] in (contract.DEADLINE_UNATTAINABLE,
+                                                                                contract.DEADLINE_PASSED)
+        assert time.monotonic() - started < 3.0
+        assert httpx.post(url, json=long, timeout=120).status_code == 200
+        for thread in ahead:
+            thread.join()

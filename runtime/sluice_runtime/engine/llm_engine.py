@@ -5,7 +5,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sluice_contracts import metric_names as names
 from sluice_contracts.request_priority import DEFAULT_CLASS, DEFAULT_CLASSES
@@ -223,12 +223,23 @@ class LLMEngine:
                                       streamed)
 
     def check_budget(self, prompt_token_ids: list[int], params: SamplingParams, priority: int, streamed: bool,
-                     budget_s: float) -> None:
+                     budget_s: float) -> bool:
         """Refuses a request whose answer's first byte is not expected within `budget_s` seconds, with the
-        time after which it is (if no more urgent request comes) as its Retry-After; thread-safe."""
-        estimate = self.first_byte_estimate(len(prompt_token_ids), params, priority, streamed)
+        time after which it is (if no more urgent request comes) as its Retry-After; thread-safe. True when
+        an admitted request starts at the next step, so its budget cannot pass while it queues."""
+        with self._lock:
+            ahead = self._queued_ahead(priority)
+        own = Queued(len(prompt_token_ids), self._expected_output(params, len(prompt_token_ids)), params.n)
+        load = self._load
+        starts_now = not ahead and admission.start_step(load, ahead) == 0
+        if starts_now:
+            # Only its own decode steps are held against it: the prefill cost is fitted from few chunked steps and
+            # can start far too high, and refusing on an idle engine would keep it so, since only requests that
+            # run correct it.
+            load = replace(load, prefill_token_s=0.0, prefilling_tokens=0)
+        estimate = admission.first_byte_s(load, ahead, own, streamed)
         if estimate <= budget_s:
-            return
+            return starts_now
         with self._lock:
             self.num_refused[names.REFUSAL_DEADLINE] += 1
         raise DeadlineUnattainable(

@@ -56,8 +56,8 @@ class GenerationRunner:
 
         The iterator returned yields that first output, then the rest until every prompt has finished;
         closing it aborts the engine requests still running."""
-        budget = BUDGET.get()
-        outputs = self._outputs(greq, self._default_budget if budget is None else budget)
+        budget, stated = BUDGET.get()
+        outputs = self._outputs(greq, self._default_budget if budget is None else budget, stated)
         try:
             first = await until_disconnected(receive, outputs.__anext__())
         except ClientDisconnected:
@@ -148,11 +148,11 @@ class GenerationRunner:
                 if m.finished_time is not None:
                     record.decode_s = round(m.finished_time - m.first_token_time, 4)
 
-    async def _outputs(self, greq: GenerationRequest, budget: float) -> AsyncIterator[Item]:
+    async def _outputs(self, greq: GenerationRequest, budget: float, stated: bool) -> AsyncIterator[Item]:
         deadline = time.time() + self._timeout if self._timeout else None
         ids = [greq.request_id if len(greq.prompts) == 1 else f"{greq.request_id}-{i}"
                for i in range(len(greq.prompts))]
-        streams = [self._tracked(ids[i], prompt, _params_for(greq, i), greq, deadline, budget)
+        streams = [self._tracked(ids[i], prompt, _params_for(greq, i), greq, deadline, budget, stated)
                    for i, prompt in enumerate(greq.prompts)]
         merged = _numbered(streams[0]) if len(streams) == 1 else _merge(streams)
         unfinished = len(streams)
@@ -166,16 +166,18 @@ class GenerationRunner:
             await merged.aclose()
 
     async def _tracked(self, request_id: str, prompt: list[int], params: SamplingParams, greq: GenerationRequest,
-                       deadline, budget: float):
+                       deadline, budget: float, stated: bool):
         """One prompt's engine request. With deadline admission, it is refused at once when its answer's first
         byte is not expected within `budget` seconds, and ended with the same 503 when too little of the budget is
-        left for it to be answered in time and it has not started (the engine checks that at its next step)."""
+        left for it to be answered in time and it has not started (the engine checks that at its next step).
+        The first byte of a response read at once is its end, when the client `stated` the budget
+        (request_budget); otherwise the first token, as for a stream."""
         engine = self._engine.engine
         expiry = None
-        if self._admission:
-            engine.check_budget(prompt, params, greq.priority, greq.stream, budget)
+        first_token = greq.stream or not stated
+        if self._admission and not engine.check_budget(prompt, params, greq.priority, first_token, budget):
             # Once less is left than its own service takes, it cannot be answered in time even if it starts.
-            left = max(0.0, budget - engine.service_s(len(prompt), params, greq.stream))
+            left = max(0.0, budget - engine.service_s(len(prompt), params, first_token))
             expiry = asyncio.get_running_loop().call_later(left, engine.expire, request_id)
         with self._lifecycle.track(request_id):
             outputs = self._engine.generate(prompt, params, request_id, priority=greq.priority, deadline=deadline,
@@ -186,7 +188,7 @@ class GenerationRunner:
                     if expiry is not None:
                         expiry.cancel()
                     if out.finished and out.outputs[0].finish_reason == EXPIRED:
-                        estimate = engine.first_byte_estimate(len(prompt), params, greq.priority, greq.stream)
+                        estimate = engine.first_byte_estimate(len(prompt), params, greq.priority, first_token)
                         raise DeadlinePassed(
                             f"this request's budget of {budget:g} s ran out while it was queued (too little was left "
                             f"for its answer to come in time); its answer's first byte is now expected in "
