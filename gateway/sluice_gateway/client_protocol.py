@@ -78,12 +78,12 @@ class ClientProtocol(HttpToolsProtocol):
         if self._refused:
             return
         if self._in_head:
-            # httptools holds a header line until it ends: count what it holds before handing it more.
             self._head_bytes += len(data)
-            if self._head_bytes > _MAX_HEAD_BYTES:
-                self._refuse(_HEADERS_TOO_LARGE)
-                return
         super().data_received(data)
+        # httptools holds a header line until it ends. A head still incomplete after this read is made of all
+        # of it (a read that completed the head may carry a body of any size: that is the body's to bound).
+        if self._in_head and self._head_bytes > _MAX_HEAD_BYTES and not self._refused:
+            self._refuse(_HEADERS_TOO_LARGE)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

@@ -113,3 +113,20 @@ def test_a_flood_of_header_bytes_does_not_grow_the_gateway(gateway):
         assert (status, closed) == (431, True)
     assert time.monotonic() - started < 30
     assert rss_kib(gateway.process.pid) - before < 16 * 1024
+
+
+def test_a_body_arriving_with_the_end_of_its_head_is_read_as_body(gateway):
+    """A large body in the same write as the head's end, after a request line sent alone, is not head."""
+    body = json.dumps({"model": "tiny", "max_tokens": 1,
+                       "messages": [{"role": "user", "content": "Hi"}], "metadata": {"pad": "p" * 200_000}}).encode()
+    request = head(headers=[("authorization", f"Bearer {KEY}"), ("content-type", "application/json"),
+                            ("content-length", str(len(body)))]) + body
+    line_end = request.index(b"\r\n") + 2
+    with socket.create_connection(("127.0.0.1", port_of(gateway.url)), timeout=60) as sock:
+        sock.sendall(request[:line_end])
+        time.sleep(0.2)
+        sock.sendall(request[line_end:])
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+    assert data.startswith(b"HTTP/1.1 200"), data[:300]
