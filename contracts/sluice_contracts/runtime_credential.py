@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import os
+import threading
 import time
 
 SECRET_SUFFIX = "runtime-credential"
@@ -100,3 +102,64 @@ def read_credential_file(path: str | os.PathLike, what: str = "credential file")
             f"(at most {_MAX_CREDENTIAL_BYTES} of them)"
         )
     return credential.decode("ascii")
+
+
+_log = logging.getLogger("sluice.credential")
+_HEADER = HEADER.encode()
+
+
+class FollowedCredential:
+    """The credential of a mounted Secret file, checked against a request's headers and read again whenever the
+    file has changed (one stat per check), so a rotated Secret takes effect without a restart; the credential it
+    replaced stays valid for `grace_s` (RotatedCredential). A file that cannot be read at start raises
+    CredentialFileError; one caught empty or bad later keeps the credential in force."""
+
+    def __init__(self, path: str | os.PathLike, grace_s: float = ROTATION_GRACE_S,
+                 what: str = "credential file") -> None:
+        self.path = os.fspath(path)
+        self._what = what
+        self._identity = _identity(self.path)
+        self._credentials = RotatedCredential(read_credential_file(self.path, what), grace_s)
+        self._lock = threading.Lock()
+
+    def refusal(self, headers: list[tuple[bytes, bytes]], missing: str) -> str | None:
+        """None when `headers` carry the credential exactly once; else the 401's message (`missing` when none)."""
+        presented = [value for name, value in headers if name.lower() == _HEADER]
+        if len(presented) > 1:
+            return "Send exactly one Authorization header."
+        if not presented:
+            return missing
+        self._reload_if_changed()
+        value = presented[0].decode("latin-1")
+        replaced = self._credentials.replaced
+        # Both comparisons always run, so the time taken does not tell which credential nearly matched.
+        current = presented_matches(value, self._credentials.current)
+        previous = presented_matches(value, replaced or self._credentials.current)
+        if current or (previous and replaced is not None):
+            return None
+        return "Incorrect runtime credential provided."
+
+    def _reload_if_changed(self) -> None:
+        identity = _identity(self.path)
+        if identity is None or identity == self._identity:
+            return
+        with self._lock:
+            try:
+                credential = read_credential_file(self.path, self._what)
+            except CredentialFileError as exc:
+                # A Secret being rewritten can be briefly empty; the credential in force stays until it is good.
+                _log.warning("keeping the runtime credential in force: %s", exc)
+                return
+            self._identity = identity
+            if self._credentials.rotate(credential):
+                _log.info("runtime credential reloaded from %s; the one it replaced is accepted for %g s more",
+                          self.path, self._credentials.grace_s)
+
+
+def _identity(path: str) -> tuple[int, int, int] | None:
+    # The inode too: the kubelet swaps a symlink to a new file, whose mtime may equal the old one's.
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)

@@ -31,13 +31,11 @@ import httptools
 import uvicorn
 from sluice_contracts.engine_guard import COMMAND, ENGINE_HOST, ENGINE_PORT
 from sluice_contracts.runtime_credential import (
-    HEADER, MOUNT_PATH, OPEN_PATHS, ROTATION_GRACE_S, CredentialFileError, RotatedCredential, header_value,
-    presented_matches, read_credential_file,
+    MOUNT_PATH, OPEN_PATHS, ROTATION_GRACE_S, CredentialFileError, FollowedCredential, header_value,
 )
 
 from .client_protocol import ClientProtocol
 from .errors import error_body
-from .file_watch import FileWatch
 
 log = logging.getLogger("sluice_gateway.engine_guard")
 
@@ -47,7 +45,6 @@ _CONNECT_TIMEOUT_S = 10.0
 _READ_BYTES = 64 * 1024
 _OPEN_METHODS = frozenset({"GET", "HEAD"})
 _OPEN_RAW_PATHS = frozenset(path.encode() for path in OPEN_PATHS)
-_HEADER = HEADER.encode()
 # Hop-by-hop fields (RFC 9110 7.6.1) and those the guard sets itself on each side. `expect` too: the client's
 # 100-continue is answered here, and an engine's interim response would only confuse the relay.
 _NOT_FORWARDED = frozenset({
@@ -59,45 +56,8 @@ _NOT_RETURNED = frozenset({
 })
 
 
-class GuardCredential:
-    """The credential in force, re-read from its file when the file changes (the kubelet swaps a symlink)."""
-
-    def __init__(self, path: str, grace_s: float = ROTATION_GRACE_S) -> None:
-        self.path = path
-        self._watch = FileWatch(path)
-        self._watch.changed()
-        self._credentials = RotatedCredential(read_credential_file(path), grace_s)
-
-    def refusal(self, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """None when the request carries the credential; else why not (the 401's message)."""
-        presented = [value for name, value in headers if name == _HEADER]
-        if len(presented) > 1:
-            return "Send exactly one Authorization header."
-        if not presented:
-            return (f"This engine needs the runtime credential: send '{header_value('<credential>')}' "
-                    "(clients call the gateway, not the engine).")
-        self._reload_if_changed()
-        value = presented[0].decode("latin-1")
-        replaced = self._credentials.replaced
-        # Both comparisons always run, so the time taken does not tell which credential nearly matched.
-        current = presented_matches(value, self._credentials.current)
-        previous = presented_matches(value, replaced or self._credentials.current)
-        if current or (previous and replaced is not None):
-            return None
-        return "Incorrect runtime credential provided."
-
-    def _reload_if_changed(self) -> None:
-        if not self._watch.changed() or not self._watch.exists:
-            return
-        try:
-            credential = read_credential_file(self.path)
-        except CredentialFileError as exc:
-            # A Secret being rewritten can be briefly empty; the credential in force stays until the file is good.
-            log.warning("keeping the runtime credential in force: %s", exc)
-            return
-        if self._credentials.rotate(credential):
-            log.info("runtime credential reloaded from %s; the one it replaced is accepted for %g s more",
-                     self.path, self._credentials.grace_s)
+_MISSING = (f"This engine needs the runtime credential: send '{header_value('<credential>')}' "
+            "(clients call the gateway, not the engine).")
 
 
 @dataclass
@@ -138,7 +98,7 @@ class _Exchange:
 class EngineGuard:
     """The ASGI application."""
 
-    def __init__(self, upstream: str, credential: GuardCredential, max_body_bytes: int) -> None:
+    def __init__(self, upstream: str, credential: FollowedCredential, max_body_bytes: int) -> None:
         parts = urlsplit(upstream)
         self.upstream = upstream
         self._host, self._port = parts.hostname, parts.port
@@ -154,7 +114,7 @@ class EngineGuard:
             return
         headers = scope["headers"]
         if not (scope["method"] in _OPEN_METHODS and scope["raw_path"] in _OPEN_RAW_PATHS):
-            refusal = self._credential.refusal(headers)
+            refusal = self._credential.refusal(headers, _MISSING)
             if refusal is not None:
                 # Closed after: whatever body the client still sends is not worth reading and dropping.
                 await _answer(send, 401, refusal, "invalid_api_key",
@@ -349,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s", stream=sys.stdout)
     try:
-        credential = GuardCredential(args.credential_file, args.credential_grace_s)
+        credential = FollowedCredential(args.credential_file, args.credential_grace_s)
     except CredentialFileError as exc:
         print(f"{COMMAND}: {exc}", file=sys.stderr)
         return 2

@@ -123,7 +123,7 @@ def test_a_bad_rotated_file_keeps_the_current_credential_and_says_why(guarded, k
             refused(models_with(guarded, "two"))
         finally:
             key_file.write_text(CREDENTIAL + "\n")
-    assert "keeping the current runtime credential" in guarded.stderr()
+    assert "keeping the runtime credential in force" in guarded.stderr()
     assert models_with(guarded, CREDENTIAL).status_code == 200
 
 
