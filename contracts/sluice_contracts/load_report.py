@@ -42,6 +42,10 @@ class LoadReport(_Document):
     prefix_cache: PrefixCacheStats | None = None
     in_flight: int | None = Field(default=None, ge=0, description="HTTP generation requests being served.")
     draining: bool | None = Field(default=None, description="True once the runtime stopped taking new requests.")
+    # The gateway sends a request with a budget (request_deadline) to a replica whose estimate fits it, when one does.
+    estimated_queue_s: float | None = Field(
+        default=None, ge=0, description="Seconds a request arriving now is expected to wait before it starts.",
+    )
     # The gateway sends an adapter's requests to a replica that has it resident when one has room.
     loaded_adapters: tuple[Annotated[str, Field(min_length=1, max_length=253)], ...] | None = Field(
         default=None, max_length=MAX_LORAS.maximum, description="LoRA adapters resident in the engine now (the rest wait in CPU memory).",

@@ -3,7 +3,8 @@
 Request path: auth → body → parse → model permission → route lookup → context check → limits → held while the
 model has no endpoint (cold_start_hold.py) → a less urgent priority class waits while every replica is saturated
 (priority_hold.py) → pick and forward (forwarder.py) → relay the response (relay.py).
-The request travels as one RequestContext.
+The request travels as one RequestContext, with its budget (budget.py: its client's timeout), which bounds both
+holds and the retries and goes upstream as what is left of it.
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
 access-log line (access_record.py; with the key's id, never the key).
 """
@@ -24,6 +25,7 @@ from sluice_contracts.routing_table import Route, RoutingTable
 from .access_record import record
 from .admission import Admission
 from .auth import KeyStore, require_principal
+from .budget import client_budget
 from .client_io import ClientGone, DeadlinedSend, read_body, send_all
 from .cold_start_hold import ColdStartHold
 from .config import START_ONLY_FIELDS, GatewayConfig
@@ -190,6 +192,7 @@ class GatewayApp:
         send = DeadlinedSend(send, scope, self.config.timeouts.client_send_s)
         if kind is not None and method == "POST":
             ctx = RequestContext(kind, path, own_id, client_id, started, Admission(self.limiter, self.metrics),
+                                 budget_s=client_budget(scope["headers"]),
                                  response_headers=[(b"x-request-id", client_id or own_id),
                                                    (b"x-sluice-request-id", own_id)])
             try:
@@ -279,9 +282,11 @@ class GatewayApp:
                 await self.hold.wait(ctx, models, lambda: not starting_models(self._routes(self.table, ctx)), send)
             rank = ctx.principal.rank
             await self.priority_hold.wait(rank, self.config.priority, lambda: self.picker.saturated(
-                self.table, parsed.model, ctx.principal.may_use, ctx.kind), model=parsed.model, tenant=ctx.tenant)
+                self.table, parsed.model, ctx.principal.may_use, ctx.kind), model=parsed.model, tenant=ctx.tenant,
+                budget_left=ctx.budget_left)
             attempts = self.picker.plan(self.table, parsed.model, prefix=prefix, session=sticky,
-                                        allowed=ctx.principal.may_use, task=ctx.kind, prefer_idle=rank.urgency < 0)
+                                        allowed=ctx.principal.may_use, task=ctx.kind, prefer_idle=rank.urgency < 0,
+                                        budget_left=ctx.budget_left)
             await self.forwarder.forward(ctx, attempts, self.config.routing.max_attempts, send)
 
         await self._until_disconnect(ctx, hold_then_forward, receive)

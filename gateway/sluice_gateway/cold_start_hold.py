@@ -7,16 +7,21 @@ line every `keepalive_s` (its response headers go out when the hold starts), so 
 out; a non-streaming one gets nothing until the answer.
 
 Bounded per model (`max_held_per_model`, a tenant at most its fair share of it: fair_holds.py) and in time
-(`max_wait_s`): past either the client gets 503 with
-Retry-After, and so do the held requests of a gateway that is stopping. A stream whose headers are already out
-gets the same error as its last event. A held request whose client leaves is cancelled, and so leaves the hold.
+(`max_wait_s`, or the request's own budget, budget.py, when that ends first): past either the client gets 503
+with Retry-After (`model_starting`; `deadline_passed` for the budget), and so do the held requests of a gateway
+that is stopping. A stream whose headers are already out gets the same error as its last event. A held request
+whose client leaves is cancelled, and so leaves the hold.
 """
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 
+from sluice_contracts import request_deadline as contract
+
+from .budget import budget_passed
 from .config import ColdStart
 from .errors import GatewayError
 from .fair_holds import FairHolds
@@ -71,7 +76,8 @@ class ColdStartHold:
             await self._until_ready(ctx, models, ready, send)
             outcome = "forwarded"
         except GatewayError as err:
-            outcome = "shutdown" if self._closing else "timeout"
+            outcome = ("shutdown" if self._closing else "deadline" if err.code == contract.DEADLINE_PASSED
+                       else "timeout")
             self._metrics.hold_refusals.labels(models[0], outcome).inc()
             raise err
         finally:
@@ -86,17 +92,22 @@ class ColdStartHold:
     ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.max_wait_s
+        left = ctx.budget_left()
+        budget_deadline = math.inf if left is None else loop.time() + left
         if ctx.stream:
             await _start_stream(ctx, send)
         while not ready():
             if self._closing:
                 raise self._refusal(models, "the gateway is shutting down; retry to reach another replica")
-            left = deadline - loop.time()
+            now = loop.time()
+            if budget_deadline <= now:
+                raise budget_passed(f"the model '{models[0]}' was starting", self._settings.retry_after_s)
+            left = deadline - now
             if left <= 0:
                 raise self._refusal(models, f"it did not start within {self._settings.max_wait_s:g} s")
             changed = self._changed
             try:
-                async with asyncio.timeout(min(left, self._settings.keepalive_s)):
+                async with asyncio.timeout(min(left, budget_deadline - now, self._settings.keepalive_s)):
                     await changed.wait()
             except TimeoutError:
                 if ctx.stream:

@@ -8,7 +8,12 @@ the whole generation again.
 Upstreams get the runtime credential, never the client's key. A runtime that refuses it (401) gets the same
 request once more with the credential's other value, if it has one (upstream_credential.py: a rotation seen by
 one side and not yet by the other). They also get the tenant's priority, name and share in the headers of
-sluice_contracts.request_priority, from gateway.yaml, whatever the client sent.
+sluice_contracts.request_priority, from gateway.yaml, whatever the client sent, and what is left of the request's
+budget (budget.py) in the header of sluice_contracts.request_deadline, never the client's own timeout headers.
+
+A runtime's refusal for a budget it cannot meet (or one that passed while queued) is tried on the next endpoint
+only while some of the budget is left; the client gets the last refusal as the runtime sent it (its code and
+Retry-After).
 """
 from __future__ import annotations
 
@@ -17,20 +22,23 @@ import time
 from collections.abc import Iterator
 from itertools import islice
 
-from sluice_contracts import prompt_reservation, request_priority, runtime_credential
+from sluice_contracts import prompt_reservation, request_deadline, request_priority, runtime_credential
 
+from .budget import budget_passed
 from .config import Timeouts
 from .connection_pool import ConnectionPool, UpstreamError, UpstreamResponse
 from .errors import GatewayError
 from .metrics import GatewayMetrics
 from .picker import Attempt, Picker
-from .relay import ResponseRelay, Send, upstream_message
+from .relay import ResponseRelay, Send, upstream_code, upstream_message
 from .request import serialise
 from .request_context import RequestContext
 from .upstream_credential import UpstreamCredential
 
 _RETRY_STATUSES = {500, 502, 503, 504}
 _MAX_ERROR_BODY = 64 * 1024  # of an upstream error, only the message is passed on
+# The codes of upstream refusals the client gets as they are: what they say (a budget) is the client's own.
+_PASSED_ON_CODES = frozenset({request_deadline.DEADLINE_UNATTAINABLE, request_deadline.DEADLINE_PASSED})
 
 
 class Forwarder:
@@ -53,6 +61,9 @@ class Forwarder:
         deadline = asyncio.get_running_loop().time() + self._timeouts.total_s
         last_refusal: GatewayError | None = None
         for attempt in islice(attempts, max_attempts):
+            left = ctx.budget_left()
+            if left is not None and left <= 0:
+                raise last_refusal or budget_passed("the gateway read and admitted it", 1)
             attempt.endpoint.in_flight += 1
             backend_in_flight = self._metrics.backend_in_flight.labels(attempt.backend.name)
             backend_in_flight.inc()
@@ -116,6 +127,9 @@ class Forwarder:
         }
         if credential is not None:
             headers[runtime_credential.HEADER] = credential
+        left = ctx.budget_left()
+        if left is not None:
+            headers[request_deadline.BUDGET_HEADER] = request_deadline.header_value(left)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(min(loop.time() + self._timeouts.first_byte_s, deadline)):
@@ -150,8 +164,10 @@ class Forwarder:
         else:
             self._failed(attempt, f"status_{resp.status}")
         retry_after = resp.headers.get("retry-after", "")
+        code = upstream_code(error_body)
         return GatewayError(
-            resp.status, upstream_message(error_body, resp.status), code="upstream_error",
+            resp.status, upstream_message(error_body, resp.status),
+            code=code if resp.status == 503 and code in _PASSED_ON_CODES else "upstream_error",
             headers=[(b"retry-after", retry_after.encode())] if retry_after else [],
         )
 

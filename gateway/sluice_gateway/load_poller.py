@@ -79,6 +79,7 @@ class LoadPoller:
         report = LoadReport.model_validate_json(body)
         endpoint.waiting, endpoint.running, endpoint.kv_cache_usage = report.waiting, report.running, report.kv_cache_usage
         endpoint.loaded_adapters = frozenset(report.loaded_adapters or ())
+        endpoint.estimated_queue_s = report.estimated_queue_s
 
     async def _read_metrics(self, pool: ConnectionPool, endpoint: EndpointState) -> None:
         status, body = await _get(pool, endpoint.url, "/metrics", _MAX_METRICS_BODY)

@@ -70,7 +70,7 @@ class GatewayMetrics:
         )
         self.priority_shed = Counter(
             "sluice_gateway_priority_shed", "Requests of a less urgent class answered 503 by the hold (full, or "
-            "no replica with room in time).", ["priority_class"], registry=r,
+            "no replica with room in time, or within the request's budget).", ["priority_class"], registry=r,
         )
         self._declare_demand(r)
         self._declare_state(r)
@@ -87,12 +87,13 @@ class GatewayMetrics:
         )
         self.hold_seconds = Histogram(
             "sluice_gateway_hold_seconds",
-            "Time a request was held for its model to start, by outcome: forwarded, timeout, shutdown, client_left.",
+            "Time a request was held for its model to start, by outcome: forwarded, timeout, deadline (its budget "
+            "ran out), shutdown, client_left.",
             [demand.BACKEND_LABEL, "outcome"], buckets=_HOLD, registry=r,
         )
         self.hold_refusals = Counter(
             "sluice_gateway_hold_refusals",
-            "Requests answered 503 while their model started, by reason: full, timeout, shutdown.",
+            "Requests answered 503 while their model started, by reason: full, timeout, deadline, shutdown.",
             [demand.BACKEND_LABEL, "reason"], registry=r,
         )
 

@@ -7,8 +7,9 @@ cached, unless that endpoint is overloaded), or by a session hash (session affin
 goes among the endpoints that have the adapter resident (polled `/load`) and room for it (nothing queued),
 when there are such, else to the least loaded endpoint, which swaps the adapter in. A request more urgent
 than the default priority class goes among the endpoints with nothing queued (idle or with room), when there
-are such. Nothing is kept per prefix or per session: state is per endpoint and per backend, both bounded by
-the routing table.
+are such. A request with a budget (budget.py) goes among the endpoints whose polled estimate of their queue
+(`estimated_queue_s` of /load) fits what is left of it, when there are such. Nothing is kept per prefix or per
+session: state is per endpoint and per backend, both bounded by the routing table.
 """
 from __future__ import annotations
 
@@ -50,9 +51,14 @@ class EndpointState:
     ejected_until: float = 0.0
     polled_at: float = 0.0
     loaded_adapters: frozenset[str] = frozenset()  # LoRA adapters resident in the engine, as last polled
+    estimated_queue_s: float | None = None  # the engine's estimate of a new request's wait, as last polled
 
     def available(self, now: float) -> bool:
         return self.healthy and self.ejected_until <= now
+
+    def fits(self, budget_s: float) -> bool:
+        """Whether a request with `budget_s` left is expected to start here in time (unknown: it may)."""
+        return self.estimated_queue_s is None or self.estimated_queue_s <= budget_s
 
     @property
     def saturated(self) -> bool:
@@ -157,16 +163,17 @@ class Picker:
     def plan(
         self, table: RoutingTable, route_name: str, *, prefix: bytes | None, session: str | None,
         allowed: Callable[[str], bool] = lambda name: True, task: Task | None = None, prefer_idle: bool = False,
+        budget_left: Callable[[], float | None] = lambda: None,
     ) -> Iterator[Attempt]:
         """Endpoints to try, best first: the weighted backend, the route's other backends, then the fallbacks
         the tenant is `allowed` to use; only backends that serve `task`; with `prefer_idle`, endpoints with
-        nothing queued first.
+        nothing queued first; endpoints whose estimated queue fits `budget_left()` seconds first.
 
         Lazy, so each retry sees the health reported by the attempt before it.
         """
         for name, route in reachable(table, route_name, allowed, task):
             for backend in self._backend_order(route, session):
-                for endpoint in self._endpoint_order(backend, route, prefix, session, prefer_idle):
+                for endpoint in self._endpoint_order(backend, route, prefix, session, prefer_idle, budget_left):
                     yield Attempt(name, backend, endpoint)
 
     def _backend_order(self, route: Route, session: str | None) -> list[Backend]:
@@ -196,6 +203,7 @@ class Picker:
 
     def _endpoint_order(
         self, backend: Backend, route: Route, prefix: bytes | None, session: str | None, prefer_idle: bool,
+        budget_left: Callable[[], float | None],
     ) -> Iterator[EndpointState]:
         tried: set[str] = set()
         while True:
@@ -206,6 +214,10 @@ class Picker:
             ]
             if not candidates:
                 return
+            left = budget_left()
+            if left is not None:
+                # One that cannot start it in time would refuse it (or answer late): only when none can.
+                candidates = [s for s in candidates if s.fits(left)] or candidates
             if backend.adapter is not None:
                 warm = [s for s in candidates if backend.adapter in s.loaded_adapters and s.waiting == 0]
                 if not warm:

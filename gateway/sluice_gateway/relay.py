@@ -219,6 +219,15 @@ def upstream_message(body: bytes, status: int) -> str:
     return f"the model server answered {status}"
 
 
+def upstream_code(body: bytes) -> str | None:
+    """The code of an upstream's OpenAI error body, if it has one."""
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return code if isinstance(code, str) else None
+
+
 def _content_headers(resp: UpstreamResponse) -> list[tuple[bytes, bytes]]:
     return [(b"content-type", resp.headers.get("content-type", "application/json").encode())]
 

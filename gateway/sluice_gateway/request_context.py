@@ -4,6 +4,7 @@ tenant's limits, and what happened to it. Built when the request arrives and han
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from .admission import Admission
@@ -39,6 +40,7 @@ class RequestContext:
     client_id: bytes | None  # the client's x-request-id when plain enough to echo and log
     started: float  # time.perf_counter() when the request arrived
     admission: Admission
+    budget_s: float | None = None  # the client's timeout (budget.py), from `started`; None: it states none
     principal: Principal | None = None
     parsed: ParsedRequest | None = None
     # The client did not ask for usage on a stream, but the limiter needs it: asked for, then dropped on the way back.
@@ -50,6 +52,12 @@ class RequestContext:
     @property
     def stream(self) -> bool:
         return self.parsed is not None and self.parsed.stream
+
+    def budget_left(self) -> float | None:
+        """Seconds left of the request's budget (negative once passed); None without one."""
+        if self.budget_s is None:
+            return None
+        return self.started + self.budget_s - time.perf_counter()
 
     @property
     def tenant(self) -> str:

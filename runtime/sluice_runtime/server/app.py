@@ -281,6 +281,7 @@ def _operational_routes(rt: Runtime) -> list[_Route]:
                           kv_cache_usage=s.kv_cache_usage, block_size=s.block_size, num_kv_blocks=s.num_kv_blocks,
                           prefix_cache=PrefixCacheStats.of(s.prefix_cache_queries, s.prefix_cache_hits),
                           in_flight=rt.lifecycle.running, draining=rt.lifecycle.draining,
+                          estimated_queue_s=s.estimated_queue_s,
                           loaded_adapters=tuple(s.resident_loras) if rt.engine.config.enable_lora else None)
 
     async def metrics():
