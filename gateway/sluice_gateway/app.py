@@ -149,7 +149,7 @@ class GatewayApp:
             return "gateway is shutting down"
         if not self._started:
             return "gateway is starting"
-        return self.files.missing()
+        return self.files.missing() or getattr(self.limiter, "not_ready_reason", lambda: None)()
 
     async def shutdown(self) -> None:
         self._started = False

@@ -73,6 +73,19 @@ def test_the_limiter_counts_in_a_redis_that_asks_for_a_password(protected_redis,
     assert "refused the gateway's credentials" not in gateway.log_text()
 
 
+def test_a_gateway_whose_redis_refuses_its_password_is_not_ready(protected_redis, start_gateway, tmp_path):
+    url, right = protected_redis
+    gateway = start_gateway(_config(url, tmp_path, "not-the-password", "not-ready"), ROUTES)
+    assert httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, headers=HEADERS, timeout=30).status_code == 503
+    # Load balancers send this replica nothing more: no retry makes the password right.
+    ready = httpx.get(f"{gateway.url}/ready", timeout=10)
+    assert ready.status_code == 503, ready.text
+    error = ready.json()["error"]
+    assert error["code"] == "not_ready" and "refused the gateway's credentials" in error["message"], error
+    assert right not in ready.text
+    assert gateway.metric("sluice_gateway_ready") == 0
+
+
 @pytest.mark.parametrize("password", [None, "not-the-password"], ids=["none", "wrong"])
 def test_without_the_password_requests_are_refused_and_the_log_says_why(protected_redis, start_gateway, tmp_path,
                                                                          password):
@@ -100,10 +113,13 @@ def test_an_unreadable_password_or_ca_file_refuses_requests_and_says_why(protect
     url, right = protected_redis
     config = _config(url, tmp_path, None, "files")
     config["redis"].update(settings)
-    gateway = start_gateway(config, ROUTES)
+    # Only a restart reads the files again, so the replica is not ready from the start.
+    gateway = start_gateway(config, ROUTES, wait_for="/health")
     response = httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, headers=HEADERS, timeout=30)
     assert response.status_code == 503 and response.json()["error"]["code"] == "limiter_unavailable", response.text
     assert message in gateway.log_text() and right not in gateway.log_text()
+    ready = httpx.get(f"{gateway.url}/ready", timeout=10)
+    assert ready.status_code == 503 and message in ready.json()["error"]["message"], ready.text
 
 
 @pytest.mark.parametrize("redis, message", [
