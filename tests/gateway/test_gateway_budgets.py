@@ -155,6 +155,18 @@ def test_a_request_held_for_a_starting_model_is_answered_503_when_its_budget_run
     assert gateway.metric("sluice_gateway_hold_refusals_total", reason="deadline") == 1
 
 
+def test_a_stream_held_for_a_starting_model_ends_with_the_budget_error_as_its_last_event(start_gateway):
+    gateway = start_gateway(gateway_config(_tenants(), cold_start={"max_wait_s": 60, "keepalive_s": 0.2}),
+                            table(chat={"backends": [backend("tiny")]}))
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEYS["default"], max_retries=0, timeout=30)
+    started = time.monotonic()
+    stream = client.with_options(timeout=0.8).chat.completions.create(model="chat", messages=CHAT, max_tokens=4,
+                                                                      stream=True)
+    with pytest.raises(openai.APIError) as ended:
+        list(stream)
+    assert "time budget" in str(ended.value) and 0.7 < time.monotonic() - started < 5
+
+
 def test_a_refused_request_is_retried_on_another_replica_within_its_budget(single_seq_runtimes, tiny_runtimes,
                                                                           tmp_path):
     busy_runtime, idle_runtime = single_seq_runtimes[0], tiny_runtimes[0]
