@@ -39,11 +39,11 @@ def closing_response(status: int, message: str, code: str) -> bytes:
 
 
 _TIMEOUT_RESPONSE = closing_response(408, "the request headers did not arrive in time", "request_timeout")
-_LINE_TOO_LONG = closing_response(
+LINE_TOO_LONG = closing_response(
     414, f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes", "request_line_too_long")
-_TOO_MANY_HEADERS = closing_response(
+TOO_MANY_HEADERS = closing_response(
     431, f"the request has more than {MAX_HEADER_COUNT} header fields", "request_headers_too_large")
-_HEADERS_TOO_LARGE = closing_response(
+HEADERS_TOO_LARGE = closing_response(
     431, f"the request's header fields take more than {MAX_HEADER_BYTES} bytes", "request_headers_too_large")
 
 
@@ -83,7 +83,7 @@ class ClientProtocol(HttpToolsProtocol):
         # httptools holds a header line until it ends. A head still incomplete after this read is made of all
         # of it (a read that completed the head may carry a body of any size: that is the body's to bound).
         if self._in_head and self._head_bytes > _MAX_HEAD_BYTES and not self._refused:
-            self._refuse(_HEADERS_TOO_LARGE)
+            self._refuse(HEADERS_TOO_LARGE)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -93,17 +93,17 @@ class ClientProtocol(HttpToolsProtocol):
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
         if len(self.url) > MAX_REQUEST_LINE_BYTES:
-            self._refuse(_LINE_TOO_LONG)
+            self._refuse(LINE_TOO_LONG)
             raise _HeadRefused
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         self._header_bytes += len(name) + len(value)
         if self._header_count > MAX_HEADER_COUNT:
-            self._refuse(_TOO_MANY_HEADERS)
+            self._refuse(TOO_MANY_HEADERS)
             raise _HeadRefused
         if self._header_bytes > MAX_HEADER_BYTES:
-            self._refuse(_HEADERS_TOO_LARGE)
+            self._refuse(HEADERS_TOO_LARGE)
             raise _HeadRefused
         super().on_header(name, value)
 

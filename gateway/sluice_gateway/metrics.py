@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from sluice_contracts import demand
 from sluice_contracts.http_bounds import MAX_HEADER_BYTES, MAX_HEADER_COUNT, MAX_REQUEST_LINE_BYTES
 
-from .client_protocol import closing_response
+from .client_protocol import HEADERS_TOO_LARGE, LINE_TOO_LONG, TOO_MANY_HEADERS
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -155,12 +155,6 @@ class _MetricsServerV6(_MetricsServer):
     address_family = socket.AF_INET6
 
 
-_LINE_TOO_LONG = closing_response(
-    414, f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes", "request_line_too_long")
-_TOO_MANY_HEADERS = closing_response(
-    431, f"the request has more than {MAX_HEADER_COUNT} header fields", "request_headers_too_large")
-_HEADERS_TOO_LARGE = closing_response(
-    431, f"the request's header fields take more than {MAX_HEADER_BYTES} bytes", "request_headers_too_large")
 
 
 class _BoundedHandler(WSGIRequestHandler):
@@ -180,7 +174,7 @@ class _BoundedHandler(WSGIRequestHandler):
         if not line:
             return None
         if len(line.rstrip(b"\r\n")) > MAX_REQUEST_LINE_BYTES or not line.endswith(b"\n"):
-            return self._refuse(_LINE_TOO_LONG)
+            return self._refuse(LINE_TOO_LONG)
         lines, count, size = [line], 0, 0
         while True:
             header = self.rfile.readline(MAX_HEADER_BYTES - size + 5)  # its ": " and CRLF besides
@@ -189,11 +183,11 @@ class _BoundedHandler(WSGIRequestHandler):
                 return b"".join(lines)
             count += 1
             if count > MAX_HEADER_COUNT:
-                return self._refuse(_TOO_MANY_HEADERS)
+                return self._refuse(TOO_MANY_HEADERS)
             name, _, value = header.rstrip(b"\r\n").partition(b":")
             size += len(name) + len(value.strip())
             if size > MAX_HEADER_BYTES or not header.endswith(b"\n"):
-                return self._refuse(_HEADERS_TOO_LARGE)
+                return self._refuse(HEADERS_TOO_LARGE)
 
     def _refuse(self, response: bytes) -> None:
         self.wfile.write(response)
