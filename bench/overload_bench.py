@@ -5,7 +5,7 @@ Real processes: `sluice-runtime serve` (the embedded SmolLM2 unless --model), st
 `--no-deadline-admission` (the "off" rows) and once with admission on; short chats (`--max-tokens`, ignore_eos),
 read whole, over httpx. Each client waits up to `--client-timeout` seconds and sends the budget the gateway would
 (sluice_contracts.request_deadline.BUDGET_HEADER): `--budget` seconds, by default twice the median latency at
-the sustained rate, the issue's bound on admitted requests' p99.
+the sustained rate, the bound this bench holds admitted requests' p99 to.
 
 For each runtime: idle latency (sequential requests); the sustained rate (closed loop at each of `--concurrency`,
 the best of them; measured on the "off" runtime, whose rates the "on" one is driven at too); then Poisson arrivals
