@@ -149,8 +149,9 @@ def test_the_openai_client_timeout_is_the_budget_under_load(one_at_a_time):
     queued = _wait_queue(server.url, 2.0)
     err = _refused(lambda: client.with_options(timeout=1.0).chat.completions.create(**BODY))
     assert err.body["code"] == contract.DEADLINE_UNATTAINABLE
-    # Retry-After: when the queue ahead should have drained enough for a 1 s budget.
-    assert int(err.response.headers["retry-after"]) >= round(queued - 1.0) - 1
+    # Retry-After: when the queue ahead should have drained enough for a 1 s budget; of the order of what was
+    # queued (the estimate moves as the queued prompts' prefills refit its cost and the host's load changes).
+    assert 1 <= int(err.response.headers["retry-after"]) <= 4 * queued + 10
     answer = client.with_options(timeout=300).chat.completions.create(**BODY)  # a patient client waits its turn
     assert answer.choices[0].finish_reason in ("stop", "length")
     for thread in threads:
@@ -198,16 +199,17 @@ def test_without_deadline_admission_a_budget_is_not_acted_on():
 
 
 def test_a_default_budget_bounds_the_queue_and_a_stated_one_the_whole_answer():
-    # Long answers read at once, one at a time: behind a running one, the runtime's default (30 s) only bounds the
+    # Long answers read at once, one at a time: behind running ones, the runtime's default (300 s) only bounds the
     # wait for a first token, so the next is admitted; with the client's own 3 s timeout, which covers its whole
     # answer, it cannot be answered in time.
     long = {**BODY, "max_tokens": 150, "ignore_eos": True}
-    with start_runtime_server("--max-num-seqs", "1") as server:
+    with start_runtime_server("--max-num-seqs", "1", "--default-budget-s", "300") as server:
         url = f"{server.url}/v1/chat/completions"
         # A fresh runtime has fitted its prefill cost on its warm-up's few steps only; an idle one still admits a
         # long prompt, whose run corrects the fit, rather than refuse every prompt it overestimates.
         prompt = {**BODY, "messages": [{"role": "user", "content": "word " * 1500}]}
-        assert httpx.post(url, json=prompt, timeout=120).status_code == 200
+        served = httpx.post(url, json=prompt, headers={"x-request-timeout": "10"}, timeout=120)
+        assert served.status_code == 200, served.text
         first = httpx.post(url, json=long, timeout=120)  # also measures the decode steps the estimate reads
         assert first.status_code == 200, first.text
         assert first.json()["usage"]["completion_tokens"] == 150
@@ -223,6 +225,6 @@ def test_a_default_budget_bounds_the_queue_and_a_stated_one_the_whole_answer():
         assert stated.status_code == 503 and stated.json()["error"]["code"] in (contract.DEADLINE_UNATTAINABLE,
                                                                                 contract.DEADLINE_PASSED)
         assert time.monotonic() - started < 3.0
-        assert httpx.post(url, json=long, timeout=120).status_code == 200
+        assert httpx.post(url, json=long, timeout=300).status_code == 200
         for thread in ahead:
             thread.join()
