@@ -15,6 +15,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import yaml
@@ -458,7 +459,7 @@ def test_7_rollout_of_new_runtime_args_fails_no_request(stack, record_property):
 
 
 # engine: vllm, run on the local cluster by Sluice's runtime STANDING IN for the vLLM image (localcluster/
-# engine_stand_in.py: vLLM's flags translated, no /load, the API key from VLLM_API_KEY), sized like the sample.
+# engine_stand_in.py: vLLM's flags translated, no /load) behind our engine guard, sized like the sample.
 VLLM_MODEL = """
 apiVersion: sluice.dev/v1alpha1
 kind: InferenceModel
@@ -480,8 +481,14 @@ def test_7b_a_vllm_engine_model_is_routed_scaled_and_reported(stack, record_prop
     (pod,) = stack.model_pods("smollm2-vllm")
     container = pod["spec"]["containers"][0]
     assert container["image"].startswith("vllm/vllm-openai:") and container["command"] == ["vllm", "serve"]
-    (pid,) = stack.processes(pod["metadata"]["name"])
-    assert "--no-load-endpoint" in open(f"/proc/{pid}/cmdline").read().split("\x00"), "the stand-in runs it"
+    assert [c["name"] for c in pod["spec"]["containers"]][1:] == ["engine-guard"]
+    commands = [open(f"/proc/{pid}/cmdline").read().split("\x00") for pid in stack.processes(pod["metadata"]["name"])]
+    assert len(commands) == 2 and any("--no-load-endpoint" in c for c in commands), "the stand-in runs the engine"
+    # Only the guard is on the serving port: every path but the probes' needs the runtime credential.
+    serving = f"http://{pod['status']['podIP']}:8000"
+    for path in ("/tokenize", "/invocations", "/v1/chat/completions"):
+        assert httpx.post(serving + path, json={}, timeout=10).status_code == 401, path
+    assert httpx.get(serving + "/metrics", timeout=10).status_code == 200
     (backend,) = stack.routing_table()["routes"]["smollm2-vllm"]["backends"]
     assert backend["engine"] == "vllm"
 
