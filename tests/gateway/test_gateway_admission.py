@@ -10,6 +10,7 @@ from sluice_gateway.request import (
     TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE,
 )
 
+from fixtures.cluster import wait_for
 from fixtures.gateway import TINY_CONTEXT, backend, free_port, gateway_config, key_entry, run_gateway, table
 
 pytestmark = pytest.mark.integration
@@ -134,9 +135,14 @@ def test_each_request_gets_its_own_id_and_the_clients_is_only_echoed_and_logged(
     assert [r.headers["x-request-id"] for r in responses] == ["same-id", "same-id"]
     own = {r.headers["x-sluice-request-id"] for r in responses}
     assert len(own) == 2 and "same-id" not in own
-    seen_upstream = {line.get(key) for server in tiny_runtimes for line in server.request_log()
-                     for key in ("request_id", "client_request_id")}
-    assert "same-id" not in seen_upstream and own <= seen_upstream
+    def seen_upstream() -> set:
+        return {line.get(key) for server in tiny_runtimes for line in server.request_log()
+                for key in ("request_id", "client_request_id")}
+
+    # A runtime writes a request's log line once its answer has gone out, so it may come a moment after it.
+    seen = wait_for(lambda: own <= (ids := seen_upstream()) and ids, timeout=10,
+                    what="both requests in the runtimes' logs")
+    assert "same-id" not in seen
     logged = {line["request_id"]: line for line in gateway.log_lines() if line.get("request_id") in own}
     assert {line["client_request_id"] for line in logged.values()} == {"same-id"}
     # An id with odd bytes or of any length is neither echoed nor logged, and does no harm.
