@@ -9,9 +9,10 @@ reused), so the runtime sees the disconnect and aborts the request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from .config import Timeouts
@@ -79,7 +80,7 @@ class ResponseRelay:
         chunks: list[bytes] = []
         size = 0
         try:
-            async with asyncio.timeout_at(deadline):
+            async with self._reading(ctx, deadline):
                 async for chunk in resp.iter_chunks():
                     if size + len(chunk) > self._max_response_bytes:
                         raise ResponseTooLarge("too large")
@@ -97,12 +98,6 @@ class ResponseRelay:
             ]})
             ctx.outcome.responded = True
             await send({"type": "http.response.body", "body": data})
-        except ResponseTooLarge:
-            raise self._too_large(ctx) from None
-        except TimeoutError:
-            raise GatewayError(504, "the model did not finish in time", code="upstream_timeout") from None
-        except UpstreamError:
-            raise GatewayError(502, "the model server closed the connection mid-response") from None
         finally:
             self._held.give(size)
         if resp.status == 200:  # after sending: accounting is off the client's critical path
@@ -192,9 +187,15 @@ class ResponseRelay:
         )
 
     async def _read_whole(self, ctx: RequestContext, resp: UpstreamResponse, deadline: float) -> bytes:
+        async with self._reading(ctx, deadline):
+            return await resp.read(self._max_response_bytes)
+
+    @contextlib.asynccontextmanager
+    async def _reading(self, ctx: RequestContext, deadline: float) -> AsyncIterator[None]:
+        """An upstream answer read until `deadline`, its failures turned into the client's errors."""
         try:
             async with asyncio.timeout_at(deadline):
-                return await resp.read(self._max_response_bytes)
+                yield
         except ResponseTooLarge:
             raise self._too_large(ctx) from None
         except TimeoutError:
