@@ -164,6 +164,8 @@ def test_a_budget_that_passes_while_queued_ends_the_request_with_503(one_at_a_ti
     server, client = one_at_a_time
     running = _in_background(client, 1, 16)
     time.sleep(0.3)
+    # Attainable when it arrives, by the runtime's own estimate of this host (which differs between machines).
+    budget = max(3.0, 3 * _metric(server.url, names.ESTIMATED_QUEUE_SECONDS) + 2)
     outcome: dict = {}
 
     def batch():
@@ -171,7 +173,7 @@ def test_a_budget_that_passes_while_queued_ends_the_request_with_503(one_at_a_ti
         try:
             # The gateway's budget: the client (120 s) would wait longer, and hears at once why it was not served.
             client.chat.completions.create(**BODY, extra_body={"priority": 10}, extra_headers={
-                "x-stainless-read-timeout": openai.omit, contract.BUDGET_HEADER: "3"})
+                "x-stainless-read-timeout": openai.omit, contract.BUDGET_HEADER: f"{budget:.1f}"})
             outcome["status"] = 200
         except openai.APIStatusError as exc:
             outcome.update(status=exc.status_code, body=exc.body, headers=exc.response.headers)
@@ -180,12 +182,12 @@ def test_a_budget_that_passes_while_queued_ends_the_request_with_503(one_at_a_ti
     waiting = threading.Thread(target=batch)
     waiting.start()
     time.sleep(0.3)
-    criticals = _in_background(client, 4, 64, priority=-10)
-    waiting.join(60)
+    criticals = _in_background(client, 6, 64, priority=-10)
+    waiting.join(120)
     assert outcome["status"] == 503, outcome
     assert outcome["body"]["code"] == contract.DEADLINE_PASSED
     assert outcome["headers"]["retry-after"].isdigit()
-    assert 2.5 < outcome["after_s"] < 5.0, outcome
+    assert budget - 0.5 < outcome["after_s"] < budget + 2.0, (budget, outcome)
     for thread in running + criticals:
         thread.join(120)
     assert _metric(server.url, names.REQUESTS_REFUSED + "_total", reason=names.REFUSAL_BUDGET_PASSED) >= 1
