@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 EXTRAS ?= engine,gateway,operator,demo,dev
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-$(shell cat tests/clients/requirements.txt | md5sum | cut -c1-8)
 
 .PHONY: install run test test-unit e2e crds chart-check images images-check bench-engine bench-embed bench-serve bench-gateway bench-priority cluster-build cluster-up cluster-down clean
 
@@ -17,7 +19,14 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-install: $(STAMP)
+# Third-party client libraries the compatibility tests run as scripts (tests/fixtures/clients.py).
+$(CLIENTS_STAMP): tests/clients/requirements.txt
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install -q -r tests/clients/requirements.txt
+	rm -f $(CLIENTS_VENV)/.installed-*
+	touch $@
+
+install: $(STAMP) $(CLIENTS_STAMP)
 
 # The runtime on 8000 and the gateway in front of it on 8080 (config/gateway.local.yaml, demo key sk-sluice-demo).
 run: install
