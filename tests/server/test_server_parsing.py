@@ -74,20 +74,81 @@ def test_unclosed_but_complete_call_still_counts():
     assert content == "" and calls[0].name == "add"
 
 
-@pytest.mark.parametrize("cut, name, arguments", [
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', "get_weather", '{"city": "Os'),
-    ('<tool_call>\n{"name": "add", "arguments": ', "add", ""),
-    ('<tool_call>\n{"name": "get_wea', None, None),
-    ("<tool_", None, None),
+@pytest.mark.parametrize("cut, name, arguments, streamed", [
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', "get_weather", '{"city": "Os', True),
+    ('<tool_call>\n{"name": "add", "arguments": ', "add", "", False),
+    ('<tool_call>\n{"name": "get_wea', None, None, False),
+    ("<tool_", None, None, False),
 ])
-def test_a_forced_call_cut_short_is_a_truncated_call_never_markup(cut, name, arguments):
+def test_a_forced_call_cut_short_is_a_truncated_call_never_markup(cut, name, arguments, streamed):
     parser = ToolCallParser([WEATHER, ADD], forced=True)
     shown, _ = parser.feed(cut)
-    tail, calls = parser.finish()
+    tail, _ = parser.finish()
     assert shown + tail == ""
-    assert [(c.name, c.arguments) for c in calls] == ([(name, arguments)] if name else [])
-    # Without a forced tool_choice the same text is the model's own words, kept as content.
-    assert parse_in_pieces(cut, 3)[:2] == (cut, [])
+    assert [(c.name, c.arguments) for c in parser.calls] == ([(name, arguments)] if name else [])
+    content, calls, _ = parse_in_pieces(cut, 3)
+    if streamed:
+        # Its arguments had begun, so a streamed client already has the call: it stays one, cut short.
+        assert (content, [(c.name, c.arguments) for c in calls]) == ("", [(name, arguments)])
+    else:
+        # Without a forced tool_choice the same text is the model's own words, kept as content.
+        assert (content, calls) == (cut, [])
+
+
+def stream_in_pieces(text: str, size: int, forced: bool = False):
+    """What a streamed client assembles from the parser's deltas, and after how many pieces each call began."""
+    parser = ToolCallParser([WEATHER, ADD], forced)
+    assembled: dict[int, dict] = {}
+    pieces = [text[i:i + size] for i in range(0, len(text), size)]
+    for n, piece in enumerate(pieces + [None]):
+        _, deltas = parser.feed(piece) if piece is not None else parser.finish()
+        for d in deltas:
+            if d.new:
+                assert d.index not in assembled, "a call was announced twice"
+                assembled[d.index] = {"id": d.call.id, "name": d.call.name, "arguments": "", "began": n,
+                                      "pieces": 0}
+            assembled[d.index]["arguments"] += d.arguments
+            assembled[d.index]["pieces"] += bool(d.arguments)
+    return parser, [assembled[i] for i in sorted(assembled)], len(pieces)
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 1000])
+def test_streamed_call_deltas_add_up_to_the_calls(size):
+    parser, streamed, _ = stream_in_pieces(OUTPUT, size)
+    assert [(s["id"], s["name"], s["arguments"]) for s in streamed] == [
+        (c.id, c.name, c.arguments) for c in parser.calls]
+    assert [json.loads(s["arguments"]) for s in streamed] == [{"city": "Oslo"}, {"a": 1, "b": 2}]
+
+
+def test_arguments_stream_while_they_are_written():
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Reykjavik and more"}}\n</tool_call>'
+    _, (call,), pieces = stream_in_pieces(text, 2)
+    # The call is announced as soon as its name and argument key are read, well before its arguments end.
+    assert call["began"] <= text.index('{"city"') // 2 + 1
+    assert call["pieces"] >= len('{"city": "Reykjavik and more"}') // 2 - 1
+    assert call["arguments"] == '{"city": "Reykjavik and more"}'
+
+
+def test_string_encoded_arguments_stream_decoded():
+    text = ('<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"S\\u00e3o \\ud83d\\ude00\\"}"}'
+            '\n</tool_call>after')
+    for size in (1, 3, 1000):
+        parser, (call,), _ = stream_in_pieces(text, size)
+        assert json.loads(call["arguments"]) == {"city": "S\u00e3o \U0001F600"}
+        assert call["arguments"] == parser.calls[0].arguments
+    assert parse_in_pieces(text, 4)[0] == "after"
+
+
+def test_a_call_closed_before_its_arguments_end_is_cut_there():
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 1</tool_call> and then'
+    content, calls, _ = parse_in_pieces(text, 3)
+    assert [(c.name, c.arguments) for c in calls] == [("add", '{"a": 1')] and content == " and then"
+
+
+def test_calls_in_another_layout_are_read_whole():
+    text = '<tool_call>\n{"arguments": {"a": 1, "b": 2}, "name": "add"}\n</tool_call>'
+    _, (call,), pieces = stream_in_pieces(text, 4)
+    assert call["name"] == "add" and json.loads(call["arguments"]) == {"a": 1, "b": 2}
 
 
 def test_tools_prompt_lists_every_tool_and_the_format():

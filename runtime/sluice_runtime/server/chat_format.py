@@ -6,7 +6,7 @@ from sluice_runtime.engine.outputs import CompletionOutput, TokenLogprob
 from .logprobs import LogprobFormatter
 from .normalize import GenerationRequest
 from .protocol import ChatChoice, ChatCompletionResponse, ChoiceLogprobs, ResponseMessage, Usage
-from .tool_calls import ParsedCall, ToolCallParser
+from .tool_calls import CallDelta, ParsedCall, ToolCallParser
 
 
 def _finish_reason(engine_reason: str | None, made_calls: bool) -> str | None:
@@ -14,9 +14,16 @@ def _finish_reason(engine_reason: str | None, made_calls: bool) -> str | None:
     return "tool_calls" if made_calls and engine_reason != "length" else engine_reason
 
 
-def _tool_calls(calls: list[ParsedCall], first_index: int = 0) -> list[dict]:
-    return [{"index": first_index + k, "id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}} for k, c in enumerate(calls)]
+def _tool_calls(calls: list[ParsedCall]) -> list[dict]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+def _call_delta(d: CallDelta) -> dict:
+    """A streamed tool-call entry: OpenAI's shape, the id, type and name only on a call's first entry."""
+    if d.new:
+        return {"index": d.index, "id": d.call.id, "type": "function",
+                "function": {"name": d.call.name, "arguments": d.arguments}}
+    return {"index": d.index, "function": {"arguments": d.arguments}}
 
 
 def _parser(greq: GenerationRequest) -> ToolCallParser | None:
@@ -73,13 +80,12 @@ class ChatChunks:
         text, calls = c.delta_text, []
         parser = self._parsers[index]
         if parser is not None:
-            known = len(parser.calls)
             text, calls = parser.feed(text)
             if c.finished:
                 tail, more = parser.finish()
                 text, calls = text + tail, calls + more
             if calls:
-                delta["tool_calls"] = _tool_calls(calls, known)
+                delta["tool_calls"] = [_call_delta(d) for d in calls]
         if text:
             delta["content"] = text
         lp = None

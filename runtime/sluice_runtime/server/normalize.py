@@ -19,7 +19,7 @@ from .errors import APIError, invalid_request, model_not_found
 from .protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest,
                        NamedToolChoice, RerankRequest, ResponseFormat, Tool, TokenizeRequest)
 from .structured_output import GrammarCompiler
-from .tool_calls import render_call, tools_system_prompt
+from .tool_calls import CALL_CLOSE, render_call, tools_system_prompt
 
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
@@ -105,7 +105,9 @@ class RequestNormalizer:
             raise invalid_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         grammar, response_format = self._grammar(body.response_format, tool_use)
-        params = self._sampling(body, cost, logprobs, grammar)
+        # parallel_tool_calls false: the model may choose to call, and generation ends with its first call.
+        one_call = tool_use is not None and not tool_use.forced and body.parallel_tool_calls is False
+        params = self._sampling(body, cost, logprobs, grammar, [CALL_CLOSE] if one_call else [])
         self._check_stream_options(body)
         return GenerationRequest(
             request_id=request_id, endpoint="chat", model=body.model, prompts=[prompt], prompt_texts=[text],
@@ -381,7 +383,8 @@ class RequestNormalizer:
                 f"completion). Reduce the {prompt_param} or {max_param}.",
                 param=max_param, code="context_length_exceeded")
 
-    def _sampling(self, body, cost: RequestCost, logprobs: int | None, grammar: str | None) -> SamplingParams:
+    def _sampling(self, body, cost: RequestCost, logprobs: int | None, grammar: str | None,
+                  own_stop: list[str] = ()) -> SamplingParams:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         if len(stop) > MAX_STOP_SEQUENCES:
             raise invalid_request(f"At most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(stop)}.",
@@ -399,7 +402,7 @@ class RequestNormalizer:
                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
                 min_p=body.min_p or 0.0, presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty, repetition_penalty=body.repetition_penalty,
-                seed=body.seed, stop=stop, stop_token_ids=list(body.stop_token_ids or []),
+                seed=body.seed, stop=stop + list(own_stop), stop_token_ids=list(body.stop_token_ids or []),
                 ignore_eos=cost.ignore_eos, logprobs=logprobs,
                 include_stop_str_in_output=body.include_stop_str_in_output,
                 skip_special_tokens=body.skip_special_tokens,

@@ -67,6 +67,16 @@ class ParsedCall:
     arguments: str
 
 
+@dataclass
+class CallDelta:
+    """What one piece of output added to a call: `new` on the piece that named it, then argument text."""
+
+    index: int
+    call: ParsedCall
+    new: bool
+    arguments: str
+
+
 def _parse_call(body: str, known: set[str]) -> ParsedCall | None:
     """The call `body` holds, or None; model output nested past json_limits is no call (and cannot crash us)."""
     try:
@@ -99,13 +109,138 @@ def _truncated_call(body: str, known: set[str]) -> ParsedCall | None:
     return ParsedCall(new_call_id(), match.group(1), body[match.end():])
 
 
-class ToolCallParser:
-    """Splits model output, fed in pieces, into plain content and completed tool calls.
+_PENDING = "pending"
+_OTHER = "other"
 
-    Text that might be the start of `<tool_call>` is held back until it is clear, so a streamed
-    client never sees half a marker. A block that does not hold a valid call of a known function
-    is passed through as content rather than dropped, except under a forced tool_choice, where
-    the output is only ever a call: a truncated one is reported as such, never as markup.
+
+def _head(text: str, known: set[str]) -> str | tuple[str, int]:
+    """Reads `{"name": "<known>", "arguments": ` (or "parameters") and the first character of the value.
+
+    Returns the name and where the value starts once all of it is there; _PENDING while `text` may still
+    become that; _OTHER when it cannot (another layout, an unknown name), so the block is read whole."""
+    pos, name = 0, None
+    for step in ("{", '"name"', ":", None, ",", ('"arguments"', '"parameters"'), ":"):
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        rest = text[pos:]
+        if not rest:
+            return _PENDING
+        if step is None:
+            end = rest.find('"', 1)
+            if rest[0] != '"' or "\\" in rest[:end if end > 0 else len(rest)]:
+                return _OTHER
+            if end < 0:
+                return _PENDING if any(n.startswith(rest[1:]) for n in known) else _OTHER
+            name = rest[1:end]
+            if name not in known:
+                return _OTHER
+            pos += end + 1
+            continue
+        for literal in (step,) if isinstance(step, str) else step:
+            if rest.startswith(literal):
+                pos += len(literal)
+                break
+        else:
+            options = (step,) if isinstance(step, str) else step
+            return _PENDING if any(o.startswith(rest) for o in options) else _OTHER
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    if pos == len(text):
+        return _PENDING
+    return (name, pos) if text[pos] in '{"' else _OTHER
+
+
+class _ArgumentsReader:
+    """The arguments of a call as they are written: a JSON object passed through as its text, or a JSON string
+    (holding the object's text) decoded as it comes. `feed` returns the argument text the piece completed."""
+
+    def __init__(self, opening: str):
+        self.encoded = opening == '"'
+        self.done = False
+        self.closed_early = False  # the call's close marker came before its arguments ended
+        self._depth = 0
+        self._in_string = False
+        self._escape = False
+        self._pending = ""  # an escape sequence (or a possible close marker) not yet complete
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """The argument text `text` adds, and what is left of it after the arguments ended."""
+        return self._string(text) if self.encoded else self._object(text)
+
+    def _object(self, text: str) -> tuple[str, str]:
+        text, self._pending = self._pending + text, ""
+        out = []
+        for i, ch in enumerate(text):
+            if self._in_string:
+                if self._escape:
+                    self._escape = False
+                elif ch == "\\":
+                    self._escape = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == "<":
+                # Not JSON: maybe the model closed the call before its arguments were complete.
+                rest = text[i:]
+                if rest.startswith(CALL_CLOSE):
+                    self.done = self.closed_early = True
+                    return "".join(out), rest
+                if CALL_CLOSE.startswith(rest):
+                    self._pending = rest
+                    return "".join(out), ""
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+            out.append(ch)
+            if self._depth == 0:
+                self.done = True
+                return "".join(out), text[i + 1:]
+        return "".join(out), ""
+
+    def _string(self, text: str) -> tuple[str, str]:
+        text, self._pending = self._pending + text, ""
+        if not self._in_string:  # the opening quote
+            self._in_string, text = True, text[1:]
+        i, end = 0, None
+        while i < len(text):
+            if text[i] == "\\":
+                size = 6 if text[i + 1:i + 2] == "u" else 2
+                # A high surrogate is only decodable together with the low one after it.
+                if size == 6 and text[i + 2:i + 4].lower() in ("d8", "d9", "da", "db") and (
+                        len(text) < i + 8 or text[i + 6:i + 8] == "\\u"):
+                    size = 12
+                if i + size > len(text):
+                    break
+                i += size
+            elif text[i] == '"':
+                end = i
+                break
+            else:
+                i += 1
+        body = text[:i if end is None else end]
+        if end is None:
+            self._pending = text[i:]
+        try:
+            decoded = json.loads(f'"{body}"')
+        except json.JSONDecodeError:
+            decoded = body
+        if end is None:
+            return decoded, ""
+        self.done = True
+        return decoded, text[end + 1:]
+
+
+class ToolCallParser:
+    """Splits model output, fed in pieces, into plain content and tool calls, the calls as they form.
+
+    Text that might be the start of `<tool_call>` is held back until it is clear, so a streamed client never
+    sees half a marker. A call written as `{"name": ..., "arguments": ...}` (the layout asked for, and the only
+    one a forced tool_choice allows) is announced once its name is read and its arguments follow as they are
+    generated, so a streamed client sees the call form. Any other block is read whole: it is a call when it
+    holds one of a known function, else it is passed through as content, except under a forced tool_choice,
+    where the output is only ever a call: a truncated one is reported as such, never as markup.
     """
 
     def __init__(self, tools: list[Tool], forced: bool = False):
@@ -113,24 +248,19 @@ class ToolCallParser:
         self._forced = forced
         self._buffer = ""
         self._in_call = False
+        self._arguments: _ArgumentsReader | None = None  # the streamed call's arguments, while they are read
+        self._whole = False  # this block is read whole: it does not start like a streamed call
         self.calls: list[ParsedCall] = []
 
-    def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
-        """New content to show and calls completed by this piece of text."""
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
+        """New content to show and what this piece of text added to calls."""
         self._buffer += text
-        content, calls = [], []
+        content: list[str] = []
+        deltas: list[CallDelta] = []
         while True:
             if self._in_call:
-                end = self._buffer.find(CALL_CLOSE)
-                if end < 0:
+                if not self._step_call(content, deltas):
                     break
-                body, self._buffer = self._buffer[:end], self._buffer[end + len(CALL_CLOSE):]
-                self._in_call = False
-                call = _parse_call(body.strip(), self._known)
-                if call is None:
-                    content.append(CALL_OPEN + body + CALL_CLOSE)
-                else:
-                    calls.append(call)
             else:
                 start = self._buffer.find(CALL_OPEN)
                 if start < 0:
@@ -140,17 +270,63 @@ class ToolCallParser:
                     break
                 content.append(self._buffer[:start])
                 self._buffer = self._buffer[start + len(CALL_OPEN):]
-                self._in_call = True
-        self.calls.extend(calls)
-        return "".join(content), calls
+                self._in_call, self._whole, self._arguments = True, False, None
+        return "".join(content), _merged(deltas)
 
-    def finish(self) -> tuple[str, list[ParsedCall]]:
-        """Flush at the end of output: an unclosed call still counts if its JSON is complete."""
+    def _step_call(self, content: list[str], deltas: list[CallDelta]) -> bool:
+        """Reads as much of the current block as the buffer allows; False when it needs more text."""
+        reader = self._arguments
+        if reader is not None and not reader.done:
+            piece, self._buffer = reader.feed(self._buffer)
+            if piece:
+                self.calls[-1].arguments += piece
+                deltas.append(CallDelta(len(self.calls) - 1, self.calls[-1], False, piece))
+            if not reader.done:
+                return False
+            if reader.closed_early:
+                self._buffer = self._buffer[len(CALL_CLOSE):]
+                self._in_call = False
+            return True
+        if reader is None and not self._whole:
+            head = _head(self._buffer, self._known)
+            if head == _PENDING:
+                return False
+            if head == _OTHER:
+                self._whole = True
+            else:
+                name, start = head
+                self.calls.append(ParsedCall(new_call_id(), name, ""))
+                deltas.append(CallDelta(len(self.calls) - 1, self.calls[-1], True, ""))
+                self._arguments = _ArgumentsReader(self._buffer[start])
+                self._buffer = self._buffer[start:]
+                return True
+        end = self._buffer.find(CALL_CLOSE)
+        if end < 0:
+            if reader is not None:  # what follows the arguments (the closing brace) is no content
+                keep = _partial_close_len(self._buffer)
+                self._buffer = self._buffer[len(self._buffer) - keep:]
+            return False
+        body, self._buffer = self._buffer[:end], self._buffer[end + len(CALL_CLOSE):]
+        self._in_call = False
+        if reader is None:
+            call = _parse_call(body.strip(), self._known)
+            if call is None:
+                content.append(CALL_OPEN + body + CALL_CLOSE)
+            else:
+                self.calls.append(call)
+                deltas.append(CallDelta(len(self.calls) - 1, call, True, call.arguments))
+        return True
+
+    def finish(self) -> tuple[str, list[CallDelta]]:
+        """Flush at the end of output: an unclosed call still counts if its JSON is complete, and a streamed
+        call cut short keeps the arguments it got."""
         rest, self._buffer = self._buffer, ""
         if not self._in_call:
             # A forced call stopped inside its opening marker: nothing of it is content.
             return ("" if self._forced and CALL_OPEN.startswith(rest) else rest), []
         self._in_call = False
+        if self._arguments is not None:
+            return "", []
         call = _parse_call(rest.strip(), self._known)
         if call is None and self._forced:
             call = _truncated_call(rest.strip(), self._known)
@@ -159,12 +335,27 @@ class ToolCallParser:
         if call is None:
             return CALL_OPEN + rest, []
         self.calls.append(call)
-        return "", [call]
+        return "", [CallDelta(len(self.calls) - 1, call, True, call.arguments)]
 
 
-def _partial_marker_len(text: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of the call marker."""
-    for size in range(min(len(CALL_OPEN) - 1, len(text)), 0, -1):
-        if CALL_OPEN.startswith(text[-size:]):
+def _merged(deltas: list[CallDelta]) -> list[CallDelta]:
+    """One delta per call for one piece of text."""
+    out: list[CallDelta] = []
+    for d in deltas:
+        if out and out[-1].index == d.index:
+            out[-1] = CallDelta(d.index, d.call, out[-1].new or d.new, out[-1].arguments + d.arguments)
+        else:
+            out.append(d)
+    return out
+
+
+def _partial_marker_len(text: str, marker: str = CALL_OPEN) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-size:]):
             return size
     return 0
+
+
+def _partial_close_len(text: str) -> int:
+    return _partial_marker_len(text, CALL_CLOSE)
