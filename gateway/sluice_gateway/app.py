@@ -3,6 +3,7 @@
 Request path: auth → body → parse → model permission → route lookup → context check → limits → held while the
 model has no endpoint (cold_start_hold.py) → a less urgent priority class waits while every replica is saturated
 (priority_hold.py) → pick and forward (forwarder.py) → relay the response (relay.py).
+OpenAI's Responses and Anthropic's Messages take the chat path, translated on the way in and out (adapted_api.py).
 The request travels as one RequestContext, with its budget (budget.py: its client's timeout), which bounds both
 holds and the retries and goes upstream as what is left of it.
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import re
 import time
@@ -23,6 +25,7 @@ from typing import Any
 from sluice_contracts.routing_table import Route, RoutingTable
 
 from .access_record import record
+from .adapted_api import AdaptedSend, Stopped
 from .admission import Admission
 from .auth import KeyStore, require_principal
 from .budget import client_budget
@@ -35,14 +38,17 @@ from .forwarder import Forwarder, Send
 from .limits import Limiter
 from .limits.memory import MemoryLimiter
 from .limits.redis import RedisLimiter
+from .messages_api import MessagesAdapter
 from .load_poller import LoadPoller
 from .metrics import GatewayMetrics
 from .picker import Picker
 from .priority_hold import PriorityHold
-from .plain_endpoints import GET_ROUTES
+from .plain_endpoints import GET_ROUTES, model
 from .request import parse_request_off_loop, stop_parser, warm_parser
 from .request_context import RequestContext
 from .relay import error_event
+from .response_store import ResponseStore
+from .responses_api import ResponsesAdapter, cancel, stored
 from .routing_table import max_model_len, reachable, starting_models
 from .watched_files import WatchedFiles
 
@@ -54,6 +60,11 @@ _PROXIED = {
     "/v1/embeddings": "embedding",
     "/v1/rerank": "rerank",
 }
+# Other APIs' formats, served as chat (adapted_api.py).
+_ADAPTED = {"/v1/responses": "responses", "/v1/messages": "messages"}
+_CHAT_PATH = next(path for path, kind in _PROXIED.items() if kind == "chat")
+_RESPONSES = "/v1/responses/"
+_MODELS = "/v1/models/"
 _JSON = (b"content-type", b"application/json")
 # A client's request id is echoed and logged when it is short and plain; it never names the request inside.
 _CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
@@ -76,6 +87,8 @@ class GatewayApp:
         self._terminating = False
         self._tasks: list[asyncio.Task] = []
         self._poller: asyncio.Task | None = None
+        # Streamed responses running on this replica, by (tenant, id): what POST /v1/responses/{id}/cancel stops.
+        self.running_responses: dict[tuple[str, str], ResponsesAdapter] = {}
         self.files = WatchedFiles(config_path, routes_path, self.metrics, self.apply_config, self.apply_table)
         self._configure(GatewayConfig())  # no tenants, no keys: in force only until the file is read
         self._configured = False
@@ -96,6 +109,8 @@ class GatewayApp:
             RedisLimiter(config.redis, lease_ttl_s=config.cold_start.max_wait_s + config.timeouts.total_s + 60)
             if config.redis is not None else MemoryLimiter()
         )
+        self.responses = ResponseStore(config.responses.store_ttl_s,
+                                       self.limiter.client if isinstance(self.limiter, RedisLimiter) else None)
         if self._started:
             self._start_polling()
 
@@ -188,27 +203,33 @@ class GatewayApp:
         client_id = headers.get(b"x-request-id")
         client_id = client_id if client_id and _CLIENT_ID.match(client_id) else None
         path, method = scope["path"], scope["method"]
-        kind = _PROXIED.get(path)
+        adapted = _ADAPTED.get(path)
+        kind = _PROXIED.get(path) or ("chat" if adapted else None)
         send = DeadlinedSend(send, scope, self.config.timeouts.client_send_s)
         if kind is not None and method == "POST":
             ctx = RequestContext(kind, path, own_id, client_id, started, Admission(self.limiter, self.metrics),
                                  budget_s=client_budget(scope["headers"]),
                                  response_headers=[(b"x-request-id", client_id or own_id),
                                                    (b"x-sluice-request-id", own_id)])
+            proxied_send: Send = send
+            if adapted == "responses":
+                ctx.adapter = ResponsesAdapter(self.responses, lambda: ctx.tenant, self.running_responses)
+            elif adapted == "messages":
+                ctx.adapter = MessagesAdapter()
+                if b"authorization" not in headers and b"x-api-key" in headers:  # Anthropic's header for the key
+                    headers[b"authorization"] = b"Bearer " + headers[b"x-api-key"]
+            if ctx.adapter is not None:
+                ctx.upstream_path = _CHAT_PATH
+                proxied_send = AdaptedSend(send, ctx.adapter)
             try:
-                await self._proxy(ctx, headers, receive, send)
+                await self._proxy(ctx, headers, receive, proxied_send)
             except ClientGone:
                 pass  # it stopped reading the error it was being sent; _proxy settled and recorded the request
             finally:
                 send.cut_off()  # after _proxy settled the request's admission
             return
         try:
-            if method != "GET" and (kind is not None or path in GET_ROUTES):
-                raise GatewayError(405, f"{method} is not allowed on {path}")
-            handler = GET_ROUTES.get(path)
-            if handler is None:
-                raise GatewayError(404, f"no such endpoint: {path}", code="unknown_url")
-            status, body, content_type = handler(self, headers)
+            status, body, content_type = await self._own(path, method, headers)
         except GatewayError as err:
             status, body, content_type = err.status, err.body(), b"application/json"
         try:
@@ -216,6 +237,29 @@ class GatewayApp:
                                                 (b"x-request-id", client_id or own_id)], started)
         except ClientGone:
             send.cut_off()
+
+    async def _own(self, path: str, method: str, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
+        """An endpoint the gateway answers itself (plain_endpoints.py; stored responses)."""
+        if path.startswith(_RESPONSES):
+            response_id, _, action = path[len(_RESPONSES):].partition("/")
+            if action not in ("", "cancel"):
+                raise GatewayError(404, f"no such endpoint: {path}", code="unknown_url")
+            if method != ("POST" if action else "GET"):
+                raise GatewayError(405, f"{method} is not allowed on {path}")
+            principal = require_principal(self.keys, headers)
+            if action:
+                response = await cancel(self.responses, self.running_responses, principal.tenant, response_id)
+            else:
+                response = await stored(self.responses, principal.tenant, response_id)
+            return 200, json.dumps(response).encode(), b"application/json"
+        if path.startswith(_MODELS) and method == "GET":
+            return model(self, headers, path[len(_MODELS):])
+        if method != "GET" and (path in _PROXIED or path in _ADAPTED or path in GET_ROUTES):
+            raise GatewayError(405, f"{method} is not allowed on {path}")
+        handler = GET_ROUTES.get(path)
+        if handler is None:
+            raise GatewayError(404, f"no such endpoint: {path}", code="unknown_url")
+        return handler(self, headers)
 
     # -- the proxied endpoints ---------------------------------------------------------------------------
     async def _proxy(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send) -> None:
@@ -238,6 +282,8 @@ class GatewayApp:
             else:
                 await send_all(send, err.status, err.body(), [_JSON, *ctx.response_headers, *err.headers],
                                ctx.started)
+        except Stopped:
+            ctx.outcome.finish_reason = "cancelled"  # by the client's cancel: the answer ended in its own format
         except ClientGone:
             ctx.outcome.status = 499
             self.metrics.client_disconnects.inc()
@@ -250,6 +296,8 @@ class GatewayApp:
                 await send_all(send, 500, body, [_JSON, *ctx.response_headers], ctx.started)
         finally:
             self.metrics.in_flight.dec()
+            if ctx.adapter is not None:
+                ctx.adapter.close()
             await ctx.admission.settle(ctx.outcome.prompt_tokens, ctx.outcome.completion_tokens, ctx.outcome.status)
             record(ctx, self.metrics, self.config.access_log)
 
@@ -261,6 +309,8 @@ class GatewayApp:
             raise GatewayError(403, "admin keys may not call the inference API; use a tenant's key",
                                code="admin_key_not_allowed")
         body = await read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
+        if ctx.adapter is not None:
+            body = await ctx.adapter.chat_body(body)
         parsed = ctx.parsed = await parse_request_off_loop(body, kind=ctx.kind,
                                                            prefix_chars=self.config.routing.prefix_chars)
         table = self.table

@@ -216,6 +216,16 @@ class ColdStart(_Strict):
     retry_after_s: int = Field(default=10, ge=1, le=3600, strict=True, description="Retry-After of the 503 past either bound.")
 
 
+class Responses(_Strict):
+    """Responses stored for `GET /v1/responses/{id}` and `previous_response_id` (`store: true`, the default)."""
+
+    store_ttl_s: int = Field(
+        default=30 * 24 * 3600, ge=1, le=366 * 24 * 3600, strict=True,
+        description="How long a stored response is kept, in seconds (in Redis when `redis` is set, else in the "
+                    "gateway's memory, per replica).",
+    )
+
+
 class GatewayConfig(_Strict):
     listen: Listen = Listen()
     metrics_port: int = Field(
@@ -245,6 +255,7 @@ class GatewayConfig(_Strict):
     redis: RedisSettings | None = None
     routing: Routing = Routing()
     cold_start: ColdStart = ColdStart()
+    responses: Responses = Responses()
     admin_keys: tuple[ApiKey, ...] = ()
     priority: Priority = Priority()
     tenants: tuple[Tenant, ...] = ()

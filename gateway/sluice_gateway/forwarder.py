@@ -133,7 +133,8 @@ class Forwarder:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(min(loop.time() + self._timeouts.first_byte_s, deadline)):
-                return await self.pool.request("POST", attempt.endpoint.url, ctx.path, body, headers)
+                return await self.pool.request("POST", attempt.endpoint.url, ctx.upstream_path or ctx.path, body,
+                                           headers)
         except UpstreamError as exc:
             self._failed(attempt, "connect" if exc.connect else "protocol")
             return None

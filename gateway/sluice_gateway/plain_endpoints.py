@@ -20,10 +20,25 @@ _JSON = b"application/json"
 
 def models(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:
     principal = require_principal(app.keys, headers)
-    # A name the key may use but whose every backend is a model it may not use is not listed (it would be 403).
-    names = [n for n in app.table.public_names() if principal.may_use(n) and reachable(app.table, n, principal.may_use)]
-    data = [{"id": n, "object": "model", "created": 0, "owned_by": "sluice"} for n in names]
+    data = [_model_object(n) for n in _listed(app, principal)]
     return 200, json.dumps({"object": "list", "data": data}).encode(), _JSON
+
+
+def model(app: GatewayApp, headers: dict[bytes, bytes], name: str) -> Answer:
+    """`GET /v1/models/{name}`: a model the list would not show this key is one that does not exist."""
+    principal = require_principal(app.keys, headers)
+    if name not in _listed(app, principal):
+        raise GatewayError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
+    return 200, json.dumps(_model_object(name)).encode(), _JSON
+
+
+def _listed(app: GatewayApp, principal: Principal) -> list[str]:
+    # A name the key may use but whose every backend is a model it may not use is not listed (it would be 403).
+    return [n for n in app.table.public_names() if principal.may_use(n) and reachable(app.table, n, principal.may_use)]
+
+
+def _model_object(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "sluice"}
 
 
 def health(app: GatewayApp, headers: dict[bytes, bytes]) -> Answer:

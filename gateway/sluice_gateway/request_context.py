@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from .admission import Admission
 from .auth import Principal
@@ -47,6 +48,8 @@ class RequestContext:
     strip_usage: bool = False
     response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     response_started: bool = False
+    adapter: Any = None  # an adapted_api.Adapter when the request is in another API's format than chat's
+    upstream_path: str = ""  # the path it goes upstream to, when not its own (an adapted request's chat path)
     outcome: Outcome = field(default_factory=Outcome)
 
     @property

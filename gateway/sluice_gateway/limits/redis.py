@@ -198,6 +198,11 @@ class RedisLimiter(Limiter):
         self._unreleased: dict[str, tuple[list[str], list, float]] = {}
         self._retrier: asyncio.Task | None = None
 
+    @property
+    def client(self) -> aioredis.Redis:
+        """The connection pool, for the gateway's other shared state (response_store.py)."""
+        return self._client
+
     def not_ready_reason(self) -> str | None:
         """Set while Redis refuses the gateway's credentials: no retry fixes that, so the replica is not ready."""
         return self._refused
