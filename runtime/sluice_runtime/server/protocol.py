@@ -3,7 +3,8 @@
 Ranges that need no context are checked here; everything that depends on the model or the
 prompt (context length, capabilities, role order) is checked when the request is normalized.
 Unknown fields are ignored, as OpenAI-compatible servers commonly do, so newer clients keep working.
-Types are strict, as in OpenAI's API: "yes" or 1 is not a boolean, "16" or 16.0 not an integer.
+Types are strict, as in OpenAI's API: "yes" or 1 is not a boolean, "16" or 16.0 not an integer. A null in any
+optional field is its default.
 The fields that decide a request's cost (max_tokens, max_completion_tokens, n, ignore_eos) are not
 here: sluice_contracts.request_cost reads them, as the gateway does (request_body.py).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sluice_contracts.request_cost import MAX_CHOICES
 from sluice_contracts.request_priority import MAX_PRIORITY, MIN_PRIORITY
@@ -24,6 +25,17 @@ Probability = Annotated[float, Field(gt=0.0, le=1.0)]
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """An explicit null in an optional field means its default, as OpenAI's API and SDKs read it (clients
+        serialise unset fields as null); a required field's null stays an error."""
+        if not isinstance(data, dict) or None not in data.values():
+            return data
+        optional = {key for name, field in cls.model_fields.items() if not field.is_required()
+                    for key in (name, field.alias) if key}
+        return {key: value for key, value in data.items() if value is not None or key not in optional}
 
 
 class ContentPart(_Body):
