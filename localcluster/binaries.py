@@ -19,7 +19,13 @@ BUILD_DIR = Path(__file__).resolve().parent / "gomod"
 
 KUBERNETES_VERSION = "v1.35.4"
 KWOK_VERSION = "v0.7.0"
+COREDNS_VERSION = "v1.15.0"
+KUBE_ROUTER_VERSION = "v2.1.0"
 HELM_VERSION = "v3.19.5"
+
+
+KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet",
+                       "kube-proxy")
 
 
 def cache_dir() -> Path:
@@ -49,12 +55,15 @@ class Component:
     packages: tuple[str, ...]
     ldflags: str = "-s -w"
     module: str | None = None
+    # Linked without libc, for an image that holds nothing but the binary.
+    static: bool = False
 
     def fingerprint(self) -> str:
-        digest = hashlib.sha256(f"{self.packages}|{self.ldflags}".encode())
+        digest = hashlib.sha256(f"{self.packages}|{self.ldflags}|{self.static}".encode())
         if self.module:
-            for name in ("go.mod", "go.sum"):
-                digest.update((BUILD_DIR / self.module / name).read_bytes())
+            # go.mod, go.sum (none for a module with no dependencies) and the module's own sources.
+            for path in sorted((BUILD_DIR / self.module).iterdir()):
+                digest.update(path.name.encode() + path.read_bytes())
         return digest.hexdigest()
 
     def command(self, bin_dir: Path) -> tuple[list[str], Path | None]:
@@ -68,11 +77,9 @@ class Component:
 COMPONENTS = (
     Component(
         name="kubernetes",
-        binaries=("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"),
-        packages=tuple(
-            f"k8s.io/kubernetes/cmd/{name}"
-            for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-        ),
+        # The real node's kubelet and kube-proxy in the same build, so the packages they share compile once.
+        binaries=KUBERNETES_BINARIES,
+        packages=tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_BINARIES),
         ldflags=_kubernetes_ldflags(),
         module="kubernetes",
     ),
@@ -84,6 +91,12 @@ COMPONENTS = (
         packages=(f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}", f"sigs.k8s.io/kwok/cmd/kwokctl@{KWOK_VERSION}"),
     ),
     Component(name="helm", binaries=("helm",), packages=(f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}",)),
+    # The real node's (real_node.py): cluster DNS, the NetworkPolicy enforcer, the pod sandbox's process.
+    Component(name="coredns", binaries=("coredns",), packages=(f"github.com/coredns/coredns@{COREDNS_VERSION}",),
+              static=True),
+    Component(name="kube-router", binaries=("kube-router",),
+              packages=(f"github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@{KUBE_ROUTER_VERSION}",)),
+    Component(name="pause", binaries=("pause",), packages=(".",), module="pause", static=True),
 )
 
 
@@ -128,9 +141,10 @@ def build(bin_dir: Path, log: Callable[[str], None] = print) -> dict[str, float]
     for component in missing:
         argv, cwd = component.command(bin_dir)
         argv[0] = go
+        component_env = dict(env, CGO_ENABLED="0") if component.static else env
         log(f"cluster: building {component.name} ({', '.join(component.binaries)}) ...")
         started = time.monotonic()
-        result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+        result = subprocess.run(argv, cwd=cwd, env=component_env, capture_output=True, text=True)
         if result.returncode != 0:
             raise BuildError(
                 f"building {component.name} failed (exit {result.returncode}): {' '.join(argv)}\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -20,12 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from localcluster import binaries
+from localcluster import binaries, node_network
 
 DEFAULT_NAME = "sluice"
 NODE_NAME = "kwok-node-0"
 STAGES_FILE = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
-KWOKCTL_FILE = Path(__file__).resolve().parent / "kwok" / "kwokctl.yaml"
 # 127.0.0.0/8 is all local on Linux, so every pod address can be bound by a local process.
 POD_CIDR = "127.1.0.0/24"
 
@@ -123,9 +123,46 @@ class LocalCluster:
     def _settings_file(self) -> Path:
         return self.kwok_workdir / "clusters" / self.name / "sluice-settings"
 
+    @property
+    def pki_dir(self) -> Path:
+        """The cluster's CA, and the admin certificate the API server serves with and presents to kubelets."""
+        return self.kwok_workdir / "clusters" / self.name / "pki"
+
+    def _kwokctl_config(self) -> str:
+        """kwokctl settings that have no command-line flag. Every component binds to loopback (kwokctl binds to
+        0.0.0.0 unless told otherwise). For the real node (localcluster/real_node.py), the API server is
+        advertised at the node's address, with the Service range and certificate names its pods reach it by,
+        and presents the admin certificate to the kubelet; kwok fakes only the nodes marked as its own."""
+        pki = self.pki_dir
+        cluster = {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokctlConfiguration",
+            "options": {"bindAddress": "127.0.0.1",
+                        "kubeApiserverCertSANs": [node_network.API_SERVICE_IP, node_network.NODE_IP]},
+            "componentsPatches": [
+                {"name": "kube-apiserver", "extraArgs": [
+                    {"key": "advertise-address", "value": node_network.NODE_IP},
+                    {"key": "service-cluster-ip-range", "value": node_network.SERVICE_CIDR},
+                    {"key": "kubelet-client-certificate", "value": str(pki / "admin.crt")},
+                    {"key": "kubelet-client-key", "value": str(pki / "admin.key")},
+                    # The node's name resolves nowhere here; its address does.
+                    {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
+                ]},
+                {"name": "kube-controller-manager", "extraArgs": [
+                    {"key": "service-cluster-ip-range", "value": node_network.SERVICE_CIDR},
+                ]},
+                {"name": "kwok-controller", "extraArgs": [
+                    {"key": "manage-all-nodes", "value": "false"},
+                    {"key": "manage-nodes-with-annotation-selector", "value": "kwok.x-k8s.io/node=fake"},
+                ]},
+            ],
+        }
+        return json.dumps(cluster) + "\n"
+
     def _settings(self) -> str:
         """What the running cluster was made from, to notice a cluster left over from older settings."""
-        digest = hashlib.sha256(KWOKCTL_FILE.read_bytes() + STAGES_FILE.read_bytes() + NODE_MANIFEST.encode())
+        digest = hashlib.sha256(STAGES_FILE.read_bytes() + NODE_MANIFEST.encode())
+        digest.update(self._kwokctl_config().encode())
         digest.update(" ".join(self._create_args()).encode())
         digest.update((self.bin_dir / ".built.json").read_bytes())
         return digest.hexdigest()
@@ -146,6 +183,7 @@ class LocalCluster:
             if (self.kwok_workdir / "clusters" / self.name).exists():
                 # State from a cluster whose processes are gone (a reboot, a killed session): start afresh.
                 self._kwokctl("delete", "cluster", "--kubeconfig", self.kubeconfig, check=False)
+            self._kwokctl_config_file.write_text(self._kwokctl_config())
             self._kwokctl(*self._create_args())
             self._settings_file.write_text(self._settings())
             self._ensure_node()
@@ -153,10 +191,14 @@ class LocalCluster:
             self.log(f"cluster: {self.name} up in {seconds:.1f} s, KUBECONFIG={self.kubeconfig}")
             return seconds
 
+    @property
+    def _kwokctl_config_file(self) -> Path:
+        return self.cache / f"kwokctl-{self.name}.yaml"
+
     def _create_args(self) -> list[str]:
         bins = self.bin_dir
         return [
-            "--config", str(KWOKCTL_FILE),
+            "--config", str(self._kwokctl_config_file),
             "--config", str(STAGES_FILE),
             "create", "cluster",
             "--runtime", "binary",

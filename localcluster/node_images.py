@@ -1,0 +1,64 @@
+"""Images on the real node: built with buildah (`images/`, or here from one of the cluster's own binaries), then
+handed to the node's containerd as an OCI archive, once per image id. No registry is reachable, so a pod's
+image must be on the node before the pod starts, and pods name them with `imagePullPolicy: Never` or
+`IfNotPresent`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from images import buildah
+
+if TYPE_CHECKING:
+    from localcluster.real_node import RealNode
+
+# User and group of the images made from a single binary: not root, numeric so `runAsNonRoot` can check it.
+BINARY_IMAGE_USER = "65532:65532"
+
+
+def _loaded_file(node: RealNode) -> Path:
+    return node.home / "images.json"
+
+
+def _on_node(node: RealNode, name: str) -> bool:
+    return node.ctr("images", "check", f"name=={name}", check=False).stdout.count(name) > 0
+
+
+def load(node: RealNode, name: str) -> str:
+    """Puts the image `name` (in buildah's storage) into the node's containerd unless it is there already;
+    returns its id."""
+    image_id = json.loads(buildah.output("inspect", "--type", "image", name))["FromImageID"]
+    record_file = _loaded_file(node)
+    record = json.loads(record_file.read_text()) if record_file.exists() else {}
+    if record.get(name) == image_id and _on_node(node, name):
+        return image_id
+    with tempfile.TemporaryDirectory(dir=node.home) as scratch:
+        archive = Path(scratch) / "image.tar"
+        # Uncompressed: the node unpacks it at once, and compressing gigabytes would only cost minutes.
+        buildah.buildah("push", "--quiet", "--disable-compression", name, f"oci-archive:{archive}:{name}",
+                        capture=True)
+        node.ctr("images", "import", str(archive), timeout=1800)
+    record[name] = image_id
+    record_file.write_text(json.dumps(record, indent=1))
+    return image_id
+
+
+def binary_image(binary: Path, name: str) -> str:
+    """An image holding only `binary` as its entrypoint, rebuilt when the binary changes."""
+    digest = hashlib.sha256(binary.read_bytes()).hexdigest()
+    if buildah.image_exists(name) and buildah.image_config(name).get("Labels", {}).get("sluice.dev/source") == digest:
+        return name
+    container = buildah.output("from", "scratch")
+    try:
+        buildah.buildah("copy", container, str(binary), f"/{binary.name}", capture=True)
+        buildah.buildah("config", "--entrypoint", json.dumps([f"/{binary.name}"]), "--user", BINARY_IMAGE_USER,
+                        "--label", f"sluice.dev/source={digest}", container, capture=True)
+        buildah.buildah("commit", "--quiet", container, name, capture=True)
+    finally:
+        buildah.buildah("rm", container, capture=True, check=False)
+    return name
+
