@@ -1,6 +1,7 @@
 """Per-request sampling settings, validated once at the boundary of the engine."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -24,6 +25,10 @@ class TokenConstraint(Protocol):
     def fork(self) -> "TokenConstraint": ...
 
 
+MAX_LOGIT_BIAS = 100.0
+LOGIT_BIAS_BAN = -MAX_LOGIT_BIAS
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -43,6 +48,8 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Added to a token's logit before sampling; LOGIT_BIAS_BAN bans it, whatever else the logits say.
+    logit_bias: dict[int, float] = field(default_factory=dict)
     constraint: TokenConstraint | None = None
 
     def __post_init__(self) -> None:
@@ -70,6 +77,9 @@ class SamplingParams:
             (0.0 < self.repetition_penalty <= 2.0, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop sequences must be non-empty strings"),
+            (all(isinstance(t, int) and t >= 0 and math.isfinite(b) and abs(b) <= MAX_LOGIT_BIAS
+                 for t, b in self.logit_bias.items()),
+             f"logit_bias maps token ids to biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"),
         ]
         for ok, message in checks:
             if not ok:

@@ -57,3 +57,52 @@ def test_a_seeded_request_draws_the_same_tokens_whatever_runs_beside_it():
 
     alone = draws(0)
     assert draws(5) == alone and len(set(alone)) > 1
+
+
+class _Allow:
+    """A constraint that allows a fixed set of tokens (the grammar's mask, as far as the sampler sees it)."""
+
+    def __init__(self, allowed: list[int]):
+        self._allowed = allowed
+
+    def allowed_tokens(self):
+        import numpy as np
+
+        mask = np.zeros(LOGITS.shape[1], dtype=bool)
+        mask[self._allowed] = True
+        return mask
+
+    def accept_token(self, token_id: int) -> None:
+        pass
+
+    def is_finished(self) -> bool:
+        return False
+
+    def fork(self):
+        return self
+
+
+def _biased(bias: dict[int, float], constraint=None, count: int = 1, **params) -> list[int]:
+    requests = [SampleRequest(SamplingParams(logit_bias=bias, **params), [1], [0, 0], None, [], constraint)
+                for _ in range(count)]
+    samplers = (Sampler(0), DeviceSampler(Sampler(0), torch.device("cpu"), seed=0))
+    draws = [[r.token_id for r in sampler(LOGITS.repeat(count, 1), requests)] for sampler in samplers]
+    assert draws[0] == draws[1], "both samplers apply the bias alike"
+    return draws[0]
+
+
+def test_logit_bias_forces_moves_and_bans_tokens():
+    assert _biased({5: 100.0}, temperature=0) == [5]
+    assert _biased({5: 100.0}, count=200, temperature=1.0) == [5] * 200
+    assert _biased({1: 1.5}, temperature=0) == [1]  # 3 + 1.5 beats 4
+    assert _biased({0: -100.0}, temperature=0) == [1]
+    drawn = _biased({0: -100.0, 1: -100.0}, count=500, temperature=2.0)
+    assert set(drawn).isdisjoint({0, 1}) and len(set(drawn)) > 1
+
+
+def test_logit_bias_composes_with_penalties_and_the_grammar_mask():
+    # The penalties push token 0 down; its ban still holds where a negative penalty would favour it.
+    assert _biased({0: -100.0}, temperature=0, presence_penalty=-2.0, frequency_penalty=-2.0) == [1]
+    # The grammar decides what may follow: a forced token it does not allow is not drawn, a ban stays a ban.
+    assert _biased({5: 100.0}, _Allow([2, 3]), temperature=0) == [2]
+    assert _biased({2: -100.0}, _Allow([2, 3]), count=100, temperature=1.0) == [3] * 100

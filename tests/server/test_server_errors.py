@@ -25,8 +25,10 @@ def refused(client, status, **overrides):
 def test_unknown_model_is_404(runtime_openai):
     error = refused(runtime_openai, 404, model="gpt-9")
     assert error["code"] == "model_not_found" and error["param"] == "model"
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as info:
         runtime_openai.models.retrieve("gpt-9")
+    assert info.value.body["code"] == "model_not_found" and "gpt-9" in info.value.body["message"]
+    assert set(info.value.body) == {"message", "type", "param", "code"}
 
 
 @pytest.mark.parametrize("overrides, param", [
@@ -48,7 +50,7 @@ def test_unknown_model_is_404(runtime_openai):
     ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
     ({"stop": ["x" * 300]}, "stop"),
     ({"stop": [""]}, "stop"),
-    ({"logit_bias": {"42": 5}}, "logit_bias"),
+    ({"logit_bias": {"42": 101}}, "logit_bias"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),

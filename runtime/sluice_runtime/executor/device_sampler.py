@@ -1,7 +1,7 @@
 """Sampling where the logits are (the GPU), so only token ids cross to the host.
 
 Greedy rows and plain temperature/top-k/top-p/min-p rows are sampled on the device. Rows that
-need the host sampler's state (penalties over the history, grammar constraints, banned ids,
+need the host sampler's state (penalties over the history, logit biases, grammar constraints, banned ids,
 logprobs, per-request seeded generators) have their logits copied over and go through it; that
 keeps seeded outputs identical to the CPU path.
 """
@@ -14,7 +14,8 @@ from .sampler import SampleRequest, SampleResult, Sampler, race, sampling_probs
 
 def needs_host(req: SampleRequest) -> bool:
     p = req.params
-    return bool(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty or req.banned_ids
+    return bool(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty or p.logit_bias
+                or req.banned_ids
                 or req.constraint is not None or p.logprobs is not None or req.generator is not None)
 
 

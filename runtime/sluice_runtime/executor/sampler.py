@@ -1,4 +1,4 @@
-"""Turns the logits of one step into tokens: penalties, masks, temperature, top-k/p, min-p, seeds.
+"""Turns the logits of one step into tokens: penalties, logit biases, masks, temperature, top-k/p, min-p, seeds.
 
 `sampling_probs` and `race` are the sampling itself, written once for any device: the host `Sampler` runs them
 on CPU logits with each request's own generator, `DeviceSampler` on the GPU with one generator for the batch.
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..sampling_params import SamplingParams, TokenConstraint
+from ..sampling_params import LOGIT_BIAS_BAN, SamplingParams, TokenConstraint
 
 
 @dataclass
@@ -73,6 +73,14 @@ def _apply_penalties(row: torch.Tensor, req: SampleRequest) -> None:
         row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
 
+def _apply_logit_bias(row: torch.Tensor, bias: dict[int, float]) -> None:
+    """Biases go on after the penalties and before the masks, so a grammar still decides what may follow and a
+    ban holds whatever the penalties did."""
+    ids = torch.tensor(list(bias), dtype=torch.long)
+    values = torch.tensor([float("-inf") if b <= LOGIT_BIAS_BAN else b for b in bias.values()], dtype=row.dtype)
+    row.index_add_(0, ids, values)
+
+
 def _apply_constraint(row: torch.Tensor, constraint: TokenConstraint) -> None:
     allowed = constraint.allowed_tokens()
     if allowed is None:
@@ -93,6 +101,8 @@ class Sampler:
         logits = logits.float()
         for row, req in zip(logits, requests):
             _apply_penalties(row, req)
+            if req.params.logit_bias:
+                _apply_logit_bias(row, req.params.logit_bias)
             if req.banned_ids:
                 row[torch.tensor(req.banned_ids, dtype=torch.long)] = float("-inf")
             if req.constraint is not None:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from sluice_contracts.request_cost import RequestCost
-from sluice_runtime.sampling_params import SamplingParams
+from sluice_runtime.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 
 from . import json_limits
 from .capabilities import ModelCapabilities
@@ -26,6 +26,7 @@ MAX_STOP_CHARS = 256
 MAX_TOOLS = 128
 MAX_TOOLS_JSON_BYTES = 64 * 1024
 MAX_PROMPTS = 64
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's bound on the tokens one request may bias
 # OpenAI's limits on one embeddings request: inputs in the list, and tokens summed over them.
 MAX_EMBEDDING_INPUTS = 2048
 MAX_EMBEDDING_TOKENS = 300_000
@@ -393,8 +394,7 @@ class RequestNormalizer:
             if not s or len(s) > MAX_STOP_CHARS:
                 raise invalid_request(f"Each stop sequence must have 1 to {MAX_STOP_CHARS} characters.", param="stop")
         self.check_token_ids(body.stop_token_ids or [], "stop_token_ids")
-        if body.logit_bias:
-            raise invalid_request("logit_bias is not supported.", param="logit_bias")
+        logit_bias = self._logit_bias(body.logit_bias or {})
         try:
             return SamplingParams(
                 n=cost.choices, max_tokens=cost.max_tokens, min_tokens=body.min_tokens,
@@ -405,10 +405,32 @@ class RequestNormalizer:
                 seed=body.seed, stop=stop + list(own_stop), stop_token_ids=list(body.stop_token_ids or []),
                 ignore_eos=cost.ignore_eos, logprobs=logprobs,
                 include_stop_str_in_output=body.include_stop_str_in_output,
-                skip_special_tokens=body.skip_special_tokens,
+                skip_special_tokens=body.skip_special_tokens, logit_bias=logit_bias,
                 constraint=self._grammars.constraint(grammar) if grammar else None)
         except ValueError as exc:
             raise invalid_request(str(exc)) from None
+
+    def _logit_bias(self, given: dict) -> dict[int, float]:
+        if len(given) > MAX_LOGIT_BIAS_ENTRIES:
+            raise invalid_request(f"logit_bias may bias at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(given)}.",
+                                  param="logit_bias")
+        bias = {}
+        for key, value in given.items():
+            if not (key.isascii() and key.isdigit()):
+                raise invalid_request(f"logit_bias keys must be token ids written as decimal integers, got {key!r}.",
+                                      param="logit_bias")
+            token = int(key)
+            if token >= self._vocab_size:
+                raise invalid_request(f"logit_bias names token id {token}, which is outside the vocabulary "
+                                      f"[0, {self._vocab_size}).", param="logit_bias", code="invalid_token_id")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not \
+                    -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise invalid_request(f"logit_bias values must be numbers from {-MAX_LOGIT_BIAS:g} to "
+                                      f"{MAX_LOGIT_BIAS:g}; token {key} has {value!r}.", param="logit_bias")
+            if token in bias:
+                raise invalid_request(f"logit_bias names token id {token} twice.", param="logit_bias")
+            bias[token] = float(value)
+        return bias
 
     @staticmethod
     def _check_stream_options(body) -> None:

@@ -117,7 +117,7 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Any] | None = None  # token ids and biases are checked against the model (normalize.py)
     user: str | None = None
     # Lower is served first (vLLM's convention); the gateway's x-sluice-priority header overrides it.
     priority: int = Field(0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
