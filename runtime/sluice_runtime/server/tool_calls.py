@@ -13,6 +13,8 @@ format in a system message, placed before the conversation's own system text. As
 that made calls are rendered back in the same format and tool results as `tool` turns, so a
 conversation round-trips. For tool_choice "required" or a named function the output is
 constrained by a grammar (see structured_output), so it is always exactly one valid call.
+A stream announces a call once its name is read and sends its arguments as they are generated
+(ToolCallParser), so the non-streamed answer is made by the same parser from the whole text.
 """
 from __future__ import annotations
 
@@ -111,6 +113,8 @@ def _truncated_call(body: str, known: set[str]) -> ParsedCall | None:
 
 _PENDING = "pending"
 _OTHER = "other"
+_NAME = None  # where the function's name stands in the head
+_HEAD = ("{", '"name"', ":", _NAME, ",", ('"arguments"', '"parameters"'), ":")
 
 
 def _head(text: str, known: set[str]) -> str | tuple[str, int]:
@@ -119,13 +123,13 @@ def _head(text: str, known: set[str]) -> str | tuple[str, int]:
     Returns the name and where the value starts once all of it is there; _PENDING while `text` may still
     become that; _OTHER when it cannot (another layout, an unknown name), so the block is read whole."""
     pos, name = 0, None
-    for step in ("{", '"name"', ":", None, ",", ('"arguments"', '"parameters"'), ":"):
+    for step in _HEAD:
         while pos < len(text) and text[pos].isspace():
             pos += 1
         rest = text[pos:]
         if not rest:
             return _PENDING
-        if step is None:
+        if step is _NAME:
             end = rest.find('"', 1)
             if rest[0] != '"' or "\\" in rest[:end if end > 0 else len(rest)]:
                 return _OTHER
@@ -303,7 +307,7 @@ class ToolCallParser:
         end = self._buffer.find(CALL_CLOSE)
         if end < 0:
             if reader is not None:  # what follows the arguments (the closing brace) is no content
-                keep = _partial_close_len(self._buffer)
+                keep = _partial_marker_len(self._buffer, CALL_CLOSE)
                 self._buffer = self._buffer[len(self._buffer) - keep:]
             return False
         body, self._buffer = self._buffer[:end], self._buffer[end + len(CALL_CLOSE):]
@@ -355,7 +359,3 @@ def _partial_marker_len(text: str, marker: str = CALL_OPEN) -> int:
         if marker.startswith(text[-size:]):
             return size
     return 0
-
-
-def _partial_close_len(text: str) -> int:
-    return _partial_marker_len(text, CALL_CLOSE)
