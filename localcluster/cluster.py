@@ -138,7 +138,10 @@ class LocalCluster:
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokctlConfiguration",
             "options": {"bindAddress": "127.0.0.1",
-                        "kubeApiserverCertSANs": [node_network.API_SERVICE_IP, node_network.NODE_IP]},
+                        "kubeApiserverCertSANs": [node_network.API_SERVICE_IP, node_network.NODE_IP],
+                        # Only the default cluster has a real node; other clusters may run beside it.
+                        **({"kubeApiserverPort": node_network.API_SERVER_PORT} if self.name == DEFAULT_NAME
+                           else {})},
             "componentsPatches": [
                 {"name": "kube-apiserver", "extraArgs": [
                     {"key": "advertise-address", "value": node_network.NODE_IP},

@@ -57,7 +57,11 @@ def binary_image(binary: Path, name: str) -> str:
         buildah.buildah("copy", container, str(binary), f"/{binary.name}", capture=True)
         buildah.buildah("config", "--entrypoint", json.dumps([f"/{binary.name}"]), "--user", BINARY_IMAGE_USER,
                         "--label", f"sluice.dev/source={digest}", container, capture=True)
+        previous = json.loads(buildah.output("inspect", "--type", "image", name))["FromImageID"] \
+            if buildah.image_exists(name) else None
         buildah.buildah("commit", "--quiet", container, name, capture=True)
+        if previous:
+            buildah.buildah("rmi", previous, capture=True, check=False)
     finally:
         buildah.buildah("rm", container, capture=True, check=False)
     return name

@@ -18,4 +18,7 @@ SERVICE_CIDR = "10.213.128.0/24"
 # The first address of the Service range is the API server's `kubernetes` Service.
 API_SERVICE_IP = "10.213.128.1"
 DNS_SERVICE_IP = "10.213.128.10"
+# The API server's port on loopback: a NetworkPolicy that lets a pod reach the API server names it, as it
+# names the Service's 443.
+API_SERVER_PORT = 6443
 CLUSTER_DOMAIN = "cluster.local"

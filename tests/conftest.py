@@ -12,6 +12,7 @@ pytest_plugins = [
     "fixtures.model",
     "fixtures.lora",
     "fixtures.cluster",
+    "fixtures.real_node",
     "fixtures.gateway",
     "fixtures.redis",
     "fixtures.runtime_server",
