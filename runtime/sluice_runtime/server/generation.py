@@ -48,6 +48,7 @@ class GenerationRunner:
         self._metrics = metrics
         self._timeout = settings.request_timeout
         self._stream_idle_timeout = settings.stream_idle_timeout
+        self.heartbeat_s = settings.stream_heartbeat_s
         self._admission = engine.config.deadline_admission
         self._default_budget = engine.config.default_budget_s
 

@@ -20,7 +20,7 @@ from .generation import GenerationRunner, Item, engine_error
 from .normalize import GenerationRequest
 from .protocol import Usage
 from .request_log import RequestRecord
-from .sse import DONE, event, usage_event
+from .sse import DONE, HEARTBEAT, event, usage_event
 
 
 class ChunkWriter(Protocol):
@@ -105,6 +105,7 @@ class GenerationServing:
             yield event({**base, "choices": choices})
         last_seen: dict[str, float] = {}
         done: set[int] = set()
+        sent = time.monotonic()
         async for prompt, out in outputs:
             self._runner.account(out, record, last_seen)
             for c in out.outputs:
@@ -114,6 +115,10 @@ class GenerationServing:
                 delta = writer.delta(index, c)
                 if delta is not None:
                     yield event({**base, "choices": [delta]})
+                    sent = time.monotonic()
+                elif time.monotonic() - sent >= self._runner.heartbeat_s:
+                    yield HEARTBEAT
+                    sent = time.monotonic()
                 if c.finished:
                     done.add(index)
                     closing = self._runner.stream_failure(c.finish_reason, record)

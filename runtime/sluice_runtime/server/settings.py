@@ -25,6 +25,10 @@ class ServerSettings:
     request_timeout: float | None = flag(600.0, "seconds a generation request may run before it is stopped")
     stream_idle_timeout: float = flag(60.0, "seconds a streaming client may read nothing before its request is "
                                             "aborted and its KV blocks freed")
+    stream_heartbeat_s: float = flag(15.0, "seconds a stream may send nothing while its generated text is held back "
+                                           "(a tool call read whole, what may begin a stop sequence); a comment line "
+                                           "goes out then, so that idle timeouts of proxies and the gateway do not "
+                                           "cut it")
     print_examples: bool = flag(False, "print ready-to-paste curl and Python examples once serving")
     load_endpoint: bool = flag(True, "serve no GET /load, as vLLM and SGLang do (the gateway then reads /metrics)",
                                option="--no-load-endpoint")
@@ -45,6 +49,7 @@ class ServerSettings:
             (self.request_timeout is None or self.request_timeout > 0,
              f"request timeout must be positive, got {self.request_timeout}"),
             (self.stream_idle_timeout > 0, f"stream idle timeout must be positive, got {self.stream_idle_timeout}"),
+            (self.stream_heartbeat_s > 0, f"stream heartbeat must be positive, got {self.stream_heartbeat_s}"),
             (all(n.strip() for n in self.served_model_names), "served model names must be non-empty"),
             (0 <= self.api_key_grace_s <= 86400, f"api key grace must be in [0, 86400] s, got {self.api_key_grace_s}"),
         ]

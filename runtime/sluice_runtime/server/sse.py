@@ -10,6 +10,8 @@ from .disconnect import ClientStalled
 from .errors import APIError
 
 DONE = "data: [DONE]\n\n"
+# A comment line: SSE clients skip it, and it shows a proxy that the stream is alive.
+HEARTBEAT = ": generating\n\n"
 
 
 def event(payload: dict) -> str:
