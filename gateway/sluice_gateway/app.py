@@ -252,7 +252,9 @@ class GatewayApp:
             else:
                 response = await stored(self.responses, principal.tenant, response_id)
             return 200, json.dumps(response).encode(), b"application/json"
-        if path.startswith(_MODELS) and method == "GET":
+        if path.startswith(_MODELS):
+            if method != "GET":
+                raise GatewayError(405, f"{method} is not allowed on {path}")
             return model(self, headers, path[len(_MODELS):])
         if method != "GET" and (path in _PROXIED or path in _ADAPTED or path in GET_ROUTES):
             raise GatewayError(405, f"{method} is not allowed on {path}")
