@@ -66,6 +66,9 @@ _CHAT_PATH = next(path for path, kind in _PROXIED.items() if kind == "chat")
 _RESPONSES = "/v1/responses/"
 _MODELS = "/v1/models/"
 _JSON = (b"content-type", b"application/json")
+# Every API endpoint served, for the compatibility table of the README (checked against it by a test).
+API_ROUTES = (*(("POST", path) for path in (*_PROXIED, *_ADAPTED)), ("GET", "/v1/models"),
+              ("GET", _MODELS + "{model}"), ("GET", _RESPONSES + "{id}"), ("POST", _RESPONSES + "{id}/cancel"))
 # A client's request id is echoed and logged when it is short and plain; it never names the request inside.
 _CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Request ids: a random per-process prefix and a counter, unique without a system call per request.

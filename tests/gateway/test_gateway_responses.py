@@ -233,3 +233,13 @@ def test_the_memory_store_expires_responses(upstream, start_gateway):
     time.sleep(2.5)
     with pytest.raises(openai.NotFoundError):
         client(gw).responses.retrieve(first.id)
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 1.5, "1d", None, 10 ** 9])
+def test_the_store_ttl_is_validated(ttl):
+    from pydantic import ValidationError
+    from sluice_gateway.config import GatewayConfig
+
+    with pytest.raises(ValidationError) as refused:
+        GatewayConfig.model_validate({"responses": {"store_ttl_s": ttl}})
+    assert "store_ttl_s" in str(refused.value)

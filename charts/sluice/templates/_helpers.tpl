@@ -99,6 +99,7 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- $_ := set $config "shutdown" (dict "ready_grace_s" (int $root.Values.gateway.shutdown.readyGraceSeconds) "drain_s" (int $root.Values.gateway.shutdown.drainSeconds)) -}}
 {{- with $c.routing }}{{ $_ := set $config "routing" . }}{{ end -}}
 {{- with $c.coldStart }}{{ $_ := set $config "cold_start" . }}{{ end -}}
+{{- with $c.responses }}{{ $_ := set $config "responses" . }}{{ end -}}
 {{- with $c.priority }}{{ $_ := set $config "priority" . }}{{ end -}}
 {{- with (include "sluice.redisUrl" $root) }}
 {{- $_ := set $config "redis" (include "sluice.redisSettings" $root | fromJson) -}}
