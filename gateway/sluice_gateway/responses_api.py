@@ -27,6 +27,8 @@ _PASSED = ("temperature", "top_p", "parallel_tool_calls", "user")
 _ACCEPTED = frozenset({"model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens", "stream",
                        "store", "previous_response_id", "metadata", "truncation", "background", "include",
                        "reasoning", "service_tier", "stream_options", *_PASSED})
+# The chat field each Responses field becomes, backwards: what an error about one names.
+_CHAT_FIELDS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "developer"}
 
 
@@ -125,6 +127,14 @@ class ResponsesAdapter:
         return json.dumps(response).encode()
 
     def error(self, status: int, error: dict[str, Any]) -> bytes:
+        # A chat field the gateway or the runtime refused is named as this request spelt it.
+        param = error.get("param")
+        if isinstance(param, str):
+            head, dot, rest = param.partition(".")
+            head, bracket, index = head.partition("[")
+            if head in _CHAT_FIELDS:
+                error = {**error, "param": _CHAT_FIELDS[head] + (bracket + index if head != "messages" else "")
+                         + dot + rest}
         return json.dumps({"error": error}).encode()
 
     # -- a stream -------------------------------------------------------------------------------------------

@@ -220,6 +220,12 @@ def test_a_second_replica_reads_the_redis_store(upstream, redis_server, start_ga
     assert follow.usage.input_tokens > first.usage.input_tokens
     with pytest.raises(openai.NotFoundError):
         client(two, BOB).responses.retrieve(first.id)
+    # The Redis limiter counts Responses with every replica's chat requests.
+    client(one, CAROL).responses.create(model="tiny", input="Hi", max_output_tokens=1)
+    client(two, CAROL).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                               max_tokens=1)
+    with pytest.raises(openai.RateLimitError):
+        client(one, CAROL).responses.create(model="tiny", input="Hi", max_output_tokens=1)
     time.sleep(3.5)
     with pytest.raises(openai.NotFoundError):
         client(one).responses.retrieve(first.id)
@@ -243,3 +249,25 @@ def test_the_store_ttl_is_validated(ttl):
     with pytest.raises(ValidationError) as refused:
         GatewayConfig.model_validate({"responses": {"store_ttl_s": ttl}})
     assert "store_ttl_s" in str(refused.value)
+
+
+def test_the_token_reservation_is_chats_on_every_endpoint(gateway):
+    """A request that asks for more tokens than any limit or model allows is refused alike, whichever API
+    it comes in, and the refusal names the field as that API spells it."""
+    auth = {"authorization": f"Bearer {ALICE}"}
+    ask = [{"role": "user", "content": "Hi"}]
+    chat = httpx.post(f"{gateway.url}/v1/chat/completions", headers=auth,
+                      json={"model": "tiny", "messages": ask, "max_tokens": 10 ** 12})
+    responses = httpx.post(f"{gateway.url}/v1/responses", headers=auth,
+                           json={"model": "tiny", "input": "Hi", "max_output_tokens": 10 ** 12})
+    messages = httpx.post(f"{gateway.url}/v1/messages", headers={"x-api-key": ALICE},
+                          json={"model": "tiny", "messages": ask, "max_tokens": 10 ** 12})
+    assert chat.status_code == responses.status_code == messages.status_code == 400
+    assert chat.json()["error"]["param"] == "max_tokens"
+    assert responses.json()["error"]["param"] == "max_output_tokens"
+    assert responses.json()["error"]["code"] == chat.json()["error"]["code"]
+    assert messages.json()["error"]["type"] == "invalid_request_error"
+    for wrong in ("many", -1, True, 1.5):
+        refused = httpx.post(f"{gateway.url}/v1/responses", headers=auth,
+                             json={"model": "tiny", "input": "Hi", "max_output_tokens": wrong})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_output_tokens", wrong
