@@ -21,26 +21,34 @@ log = logging.getLogger("sluice_gateway")
 
 # What the gateway makes ids of: any other id is no stored response, without a look-up.
 RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
+# Of a replica's memory, what stored responses may take: the oldest go first past it (a store without Redis keeps
+# what fits; the chart's gateway container is limited to 512 MiB).
+MEMORY_BYTES = 64 << 20
 
 
 class ResponseStore:
     """In this process's memory, or in Redis through `client` (the limiter's connection pool)."""
 
-    def __init__(self, ttl_s: int, client: Any = None, prefix: str = "sluice:responses") -> None:
+    def __init__(self, ttl_s: int, client: Any = None, prefix: str = "sluice:responses",
+                 memory_bytes: int = MEMORY_BYTES) -> None:
         self._ttl_s = ttl_s
         self._client = client
         self._prefix = prefix
         self._memory: dict[tuple[str, str], tuple[float, str]] = {}
+        self._memory_bytes = memory_bytes
+        self._held = 0
 
     async def put(self, tenant: str, response_id: str, record: dict[str, Any]) -> None:
         text = json.dumps(record, separators=(",", ":"))
         if self._client is None:
             now = time.monotonic()
-            # One TTL for all: insertion order is expiry order, so the expired are at the front.
-            while self._memory and next(iter(self._memory.values()))[0] <= now:
-                del self._memory[next(iter(self._memory))]
-            self._memory.pop((tenant, response_id), None)
+            if (old := self._memory.pop((tenant, response_id), None)) is not None:
+                self._held -= len(old[1])
             self._memory[(tenant, response_id)] = (now + self._ttl_s, text)
+            self._held += len(text)
+            # One TTL for all: insertion order is expiry order, so the expired, and the oldest, are at the front.
+            while self._memory and (next(iter(self._memory.values()))[0] <= now or self._held > self._memory_bytes):
+                self._held -= len(self._memory.pop(next(iter(self._memory)))[1])
             return
         try:
             await self._client.set(self._key(tenant, response_id), text, ex=self._ttl_s)

@@ -271,3 +271,20 @@ def test_the_token_reservation_is_chats_on_every_endpoint(gateway):
         refused = httpx.post(f"{gateway.url}/v1/responses", headers=auth,
                              json={"model": "tiny", "input": "Hi", "max_output_tokens": wrong})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_output_tokens", wrong
+
+
+def test_the_memory_store_is_bounded_oldest_first():
+    import asyncio
+
+    from sluice_gateway.response_store import ResponseStore
+
+    async def fill():
+        store = ResponseStore(3600, memory_bytes=10_000)
+        ids = [f"resp_{n:032x}" for n in range(100)]
+        for response_id in ids:  # 100 records of about 1 kB: a tenant storing without end
+            await store.put("alice", response_id, {"response": {"id": response_id}, "messages": ["x" * 1000]})
+        return [await store.get("alice", response_id) is not None for response_id in ids]
+
+    kept = asyncio.run(fill())
+    assert kept[-1] and not kept[0] and 5 <= sum(kept) <= 10
+    assert kept == sorted(kept)  # what is kept is the newest
