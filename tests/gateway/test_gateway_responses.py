@@ -288,3 +288,22 @@ def test_the_memory_store_is_bounded_oldest_first():
     kept = asyncio.run(fill())
     assert kept[-1] and not kept[0] and 5 <= sum(kept) <= 10
     assert kept == sorted(kept)  # what is kept is the newest
+
+
+def test_a_stream_cut_short_ends_in_each_apis_error_event(upstream, start_gateway):
+    """Past the gateway's total deadline a stream is cut: the client reads the failure in its own API's events."""
+    routes = table(tiny={"backends": [backend("tiny-v1", upstream.url)]})
+    gw = start_gateway(config(timeouts={"total_s": 1.0}), routes)
+    events = list(client(gw).responses.create(model="tiny", input="Write a long story.", max_output_tokens=1900,
+                                              stream=True))
+    assert events[0].type == "response.created" and [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-1].response.status == "failed" and "mid-response" in events[-1].response.error.message
+
+    with httpx.stream("POST", f"{gw.url}/v1/messages", headers={"x-api-key": ALICE}, timeout=30, json={
+            "model": "tiny", "max_tokens": 1900, "stream": True,
+            "messages": [{"role": "user", "content": "Write a long story."}]}) as answer:
+        text = answer.read().decode()
+    kinds = [line[7:] for line in text.splitlines() if line.startswith("event: ")]
+    assert kinds[0] == "message_start" and kinds[-1] == "error" and "message_stop" not in kinds
+    last = json.loads(text.strip().splitlines()[-1][len("data: "):])
+    assert last["type"] == "error" and last["error"]["type"] == "api_error"
