@@ -181,15 +181,19 @@ def test_network_policies_keep_every_other_pod_off_the_metrics_and_operator_port
     targets = {"gateway metrics": f"{gateway['status']['podIP']}:9090",
                "operator health": f"{operator['status']['podIP']}:8081",
                "gateway api": f"{gateway['status']['podIP']}:8080"}
+    # Every label but the ReplicaSet's own hash, which would make the ReplicaSet adopt the pod and delete it.
+    def forged(pod: dict) -> dict:
+        return {k: v for k, v in pod["metadata"]["labels"].items() if k != "pod-template-hash"}
+
     clients = {
         "pod in another namespace": (other, {}),
         "pod with no labels": (namespace, {}),
-        "pod forging the gateway's labels": (namespace, gateway["metadata"]["labels"]),
-        "pod forging the operator's labels": (namespace, operator["metadata"]["labels"]),
+        "pod forging the gateway's labels": (namespace, forged(gateway)),
+        "pod forging the operator's labels": (namespace, forged(operator)),
     }
     matrix = {}
     for client, (where, labels) in clients.items():
-        seen = probe_pod(kube_cluster, where, list(targets.values()), labels=dict(labels))
+        seen = probe_pod(kube_cluster, where, list(targets.values()), labels=labels)
         matrix[client] = {target: seen[address] for target, address in targets.items()}
     # The operator itself, from inside its own container, to the gateway's metrics (each model's demand).
     reached = kube_cluster.kubectl(
