@@ -48,7 +48,7 @@ from .request import parse_request_off_loop, stop_parser, warm_parser
 from .request_context import RequestContext
 from .relay import error_event
 from .response_store import ResponseStore
-from .responses_api import ResponsesAdapter, cancel, stored
+from .responses_api import ResponsesAdapter, cancel, delete, stored
 from .routing_table import max_model_len, reachable, starting_models
 from .watched_files import WatchedFiles
 
@@ -68,7 +68,8 @@ _MODELS = "/v1/models/"
 _JSON = (b"content-type", b"application/json")
 # Every API endpoint served, for the compatibility table of the README (checked against it by a test).
 API_ROUTES = (*(("POST", path) for path in (*_PROXIED, *_ADAPTED)), ("GET", "/v1/models"),
-              ("GET", _MODELS + "{model}"), ("GET", _RESPONSES + "{id}"), ("POST", _RESPONSES + "{id}/cancel"))
+              ("GET", _MODELS + "{model}"), ("GET", _RESPONSES + "{id}"),
+              ("DELETE", _RESPONSES + "{id}"), ("POST", _RESPONSES + "{id}/cancel"))
 # A client's request id is echoed and logged when it is short and plain; it never names the request inside.
 _CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Request ids: a random per-process prefix and a counter, unique without a system call per request.
@@ -247,11 +248,13 @@ class GatewayApp:
             response_id, _, action = path[len(_RESPONSES):].partition("/")
             if action not in ("", "cancel"):
                 raise GatewayError(404, f"no such endpoint: {path}", code="unknown_url")
-            if method != ("POST" if action else "GET"):
+            if method not in (("POST",) if action else ("GET", "DELETE")):
                 raise GatewayError(405, f"{method} is not allowed on {path}")
             principal = require_principal(self.keys, headers)
             if action:
                 response = await cancel(self.responses, self.running_responses, principal.tenant, response_id)
+            elif method == "DELETE":
+                response = await delete(self.responses, principal.tenant, response_id)
             else:
                 response = await stored(self.responses, principal.tenant, response_id)
             return 200, json.dumps(response).encode(), b"application/json"

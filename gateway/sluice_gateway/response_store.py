@@ -71,6 +71,21 @@ class ResponseStore:
                                headers=[(b"retry-after", b"1")]) from None
         return None if text is None else json.loads(text)
 
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        """Whether this tenant had that response stored (it has not any more)."""
+        if not RESPONSE_ID.match(response_id):
+            return False
+        if self._client is None:
+            held = self._memory.pop((tenant, response_id), None)
+            if held is not None:
+                self._held -= len(held[1])
+            return held is not None and held[0] > time.monotonic()
+        try:
+            return bool(await self._client.delete(self._key(tenant, response_id)))
+        except (RedisError, OSError):
+            raise GatewayError(503, "the store of responses is unavailable; try again", code="store_unavailable",
+                               headers=[(b"retry-after", b"1")]) from None
+
     def _key(self, tenant: str, response_id: str) -> str:
         # The tenant's name is length-prefixed, so no name and id can spell another tenant's key.
         return f"{self._prefix}:{len(tenant)}:{tenant}:{response_id}"

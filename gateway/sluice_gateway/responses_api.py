@@ -430,6 +430,13 @@ async def stored(store: ResponseStore, tenant: str, response_id: str) -> dict[st
     return record["response"]
 
 
+async def delete(store: ResponseStore, tenant: str, response_id: str) -> dict[str, Any]:
+    """`DELETE /v1/responses/{id}`."""
+    if not await store.delete(tenant, response_id):
+        raise not_found(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
 async def cancel(store: ResponseStore, running: dict[tuple[str, str], ResponsesAdapter], tenant: str,
                  response_id: str) -> dict[str, Any]:
     """`POST /v1/responses/{id}/cancel`: a response still running on this replica is stopped."""

@@ -6,7 +6,7 @@ from sluice_gateway.app import API_ROUTES
 from sluice_runtime.server.app import _generation_routes, _model_routes
 
 README = Path(__file__).resolve().parents[2] / "gateway" / "README.md"
-_ROW = re.compile(r"^\| `(GET|POST) ([^`]+)` \| (yes|no) \| (yes|no) \|")
+_ROW = re.compile(r"^\| `(GET|POST|DELETE) ([^`]+)` \| (yes|no) \| (yes|no) \|")
 
 
 def table() -> dict[tuple[str, str], tuple[bool, bool]]:

@@ -64,6 +64,14 @@ def test_a_whole_response_is_stored_for_its_tenant_only(gateway):
     with pytest.raises(openai.NotFoundError):
         alice.responses.retrieve("resp_" + "0" * 32)
 
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.delete(response.id)
+    alice.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.delete(response.id)
+
     unstored = alice.responses.create(model="tiny", input="Say hello.", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):
         alice.responses.retrieve(unstored.id)
@@ -220,6 +228,9 @@ def test_a_second_replica_reads_the_redis_store(upstream, redis_server, start_ga
     assert follow.usage.input_tokens > first.usage.input_tokens
     with pytest.raises(openai.NotFoundError):
         client(two, BOB).responses.retrieve(first.id)
+    client(one).responses.delete(follow.id)
+    with pytest.raises(openai.NotFoundError):
+        client(two).responses.retrieve(follow.id)
     # The Redis limiter counts Responses with every replica's chat requests.
     client(one, CAROL).responses.create(model="tiny", input="Hi", max_output_tokens=1)
     client(two, CAROL).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
