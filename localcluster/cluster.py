@@ -153,6 +153,9 @@ class LocalCluster:
                 ]},
                 {"name": "kube-controller-manager", "extraArgs": [
                     {"key": "service-cluster-ip-range", "value": node_network.SERVICE_CIDR},
+                    # Each controller acts as its own service account, as kubeadm and managed clusters run them:
+                    # admission policies tell a ReplicaSet's pods from anyone else's by that name.
+                    {"key": "use-service-account-credentials", "value": "true"},
                 ]},
                 {"name": "kwok-controller", "extraArgs": [
                     {"key": "manage-all-nodes", "value": "false"},

@@ -19,6 +19,7 @@ from localcluster.real_node import NODE_NAME, PLACEMENT
 pytestmark = pytest.mark.integration
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "sluice"
+RELEASE = "real-node"
 
 _CGROUP = """
 import json, os
@@ -130,18 +131,20 @@ def chart_on_node(kube_cluster, real_node, tmp_path_factory):
     values_file.write_text(json.dumps(values))
     helm = [str(kube_cluster.bin_dir / "helm"), "--kubeconfig", kube_cluster.kubeconfig]
     started = time.monotonic()
-    installed = subprocess.run([*helm, "install", "sluice", str(CHART), "--namespace", namespace, "-f",
+    # Not the e2e suite's release name: the chart's cluster-scoped objects are named after the release.
+    installed = subprocess.run([*helm, "install", RELEASE, str(CHART), "--namespace", namespace, "-f",
                                 str(values_file), "--wait", "--timeout", "4m"],
                                env=kube_cluster.env, capture_output=True, text=True, timeout=300)
-    if installed.returncode != 0:
-        described = kube_cluster.kubectl("describe", "pods", "-n", namespace, check=False).stdout
-        pytest.fail(f"helm install failed:\n{installed.stderr}\n{described[-4000:]}", pytrace=False)
-    install_s = time.monotonic() - started
-    yield namespace, other, install_s
-    subprocess.run([*helm, "uninstall", "sluice", "--namespace", namespace, "--wait", "--timeout", "2m"],
-                   env=kube_cluster.env, capture_output=True, timeout=180)
-    for name in (namespace, other):
-        kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    try:
+        if installed.returncode != 0:
+            described = kube_cluster.kubectl("describe", "pods", "-n", namespace, check=False).stdout
+            pytest.fail(f"helm install failed:\n{installed.stderr}\n{described[-4000:]}", pytrace=False)
+        yield namespace, other, time.monotonic() - started
+    finally:
+        subprocess.run([*helm, "uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "2m"],
+                       env=kube_cluster.env, capture_output=True, timeout=180)
+        for name in (namespace, other):
+            kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def _pod(kube_cluster, namespace: str, component: str) -> dict:
@@ -176,25 +179,37 @@ def test_the_gateway_service_answers_by_its_cluster_dns_name(kube_cluster, chart
 
 def test_network_policies_keep_every_other_pod_off_the_metrics_and_operator_ports(kube_cluster, chart_on_node,
                                                                                  record_property):
+    """Who reaches whom on the enforcing dataplane. A pod that copies the operator's or the gateway's labels
+    would pass their NetworkPolicies, so the chart refuses it at admission, and a ReplicaSet that would make it."""
     namespace, other, _ = chart_on_node
     operator, gateway = _pod(kube_cluster, namespace, "operator"), _pod(kube_cluster, namespace, "gateway")
     targets = {"gateway metrics": f"{gateway['status']['podIP']}:9090",
                "operator health": f"{operator['status']['podIP']}:8081",
                "gateway api": f"{gateway['status']['podIP']}:8080"}
-    # Every label but the ReplicaSet's own hash, which would make the ReplicaSet adopt the pod and delete it.
-    def forged(pod: dict) -> dict:
-        return {k: v for k, v in pod["metadata"]["labels"].items() if k != "pod-template-hash"}
-
-    clients = {
-        "pod in another namespace": (other, {}),
-        "pod with no labels": (namespace, {}),
-        "pod forging the gateway's labels": (namespace, forged(gateway)),
-        "pod forging the operator's labels": (namespace, forged(operator)),
-    }
     matrix = {}
-    for client, (where, labels) in clients.items():
-        seen = probe_pod(kube_cluster, where, list(targets.values()), labels=labels)
+    for client, where in (("pod in another namespace", other), ("pod with no labels", namespace)):
+        seen = probe_pod(kube_cluster, where, list(targets.values()))
         matrix[client] = {target: seen[address] for target, address in targets.items()}
+    for client, pod in (("pod forging the gateway's labels", gateway), ("pod forging the operator's labels", operator)):
+        # Every label but the ReplicaSet's hash, which would make the ReplicaSet adopt the pod and delete it.
+        labels = {k: v for k, v in pod["metadata"]["labels"].items() if k != "pod-template-hash"}
+        manifest = pod_manifest(f"forged-{uuid.uuid4().hex[:6]}", namespace, ["sleep", "60"], labels)
+        refused = kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+        assert refused.returncode != 0 and "is made only by its Deployment" in refused.stderr, refused.stderr
+        replica_set = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                       "metadata": {"name": f"{pod['metadata']['generateName']}forged", "namespace": namespace},
+                       "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                                "template": {"metadata": {"labels": labels},
+                                             "spec": {**manifest["spec"], "restartPolicy": "Always"}}}}
+        refused_rs = kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(replica_set), check=False)
+        assert refused_rs.returncode != 0 and "is made only by its Deployment" in refused_rs.stderr
+        matrix[client] = {target: "refused at admission" for target in targets}
+    # An unlabelled pod that takes the labels afterwards is refused too.
+    relabel = pod_manifest("relabelled", namespace, ["sleep", "60"])
+    kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(relabel))
+    forged = [f"{k}={v}" for k, v in operator["metadata"]["labels"].items() if k != "pod-template-hash"]
+    relabelled = kube_cluster.kubectl("label", "pod", "relabelled", "-n", namespace, *forged, check=False)
+    assert relabelled.returncode != 0 and "is made only by its Deployment" in relabelled.stderr
     # The operator itself, from inside its own container, to the gateway's metrics (each model's demand).
     reached = kube_cluster.kubectl(
         "exec", operator["metadata"]["name"], "-n", namespace, "--", "python3", "-c",
@@ -203,9 +218,7 @@ def test_network_policies_keep_every_other_pod_off_the_metrics_and_operator_port
     matrix["the operator"] = {"gateway metrics": reached.stdout.strip() or reached.stderr.strip()[-200:]}
     record_property("network_policy_matrix", json.dumps(matrix))
     assert matrix["the operator"]["gateway metrics"] == "open", matrix
-    for client, seen in matrix.items():
-        if client == "the operator":
-            continue
+    for client in ("pod in another namespace", "pod with no labels"):
+        seen = matrix[client]
         assert seen["gateway api"] == "open", (client, matrix)
-        if "forging" not in client:
-            assert seen["gateway metrics"] != "open" and seen["operator health"] != "open", (client, matrix)
+        assert seen["gateway metrics"] != "open" and seen["operator health"] != "open", (client, matrix)
