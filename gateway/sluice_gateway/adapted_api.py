@@ -172,6 +172,17 @@ def unsupported(param: str, what: str = "") -> GatewayError:
                         code="unsupported_parameter")
 
 
+def chat_body(chat: dict[str, Any], given: dict[str, Any]) -> bytes:
+    """The chat-completions body, streamed when the request is: usage closes every stream, since both APIs
+    end theirs with it."""
+    stream = given.get("stream", False)
+    if not isinstance(stream, bool):
+        raise refuse("stream", "stream must be a boolean")
+    if stream:
+        chat.update(stream=True, stream_options={"include_usage": True})
+    return json.dumps(chat, separators=(",", ":")).encode()
+
+
 def tool_call_arguments(call: dict[str, Any]) -> tuple[str, str, str]:
     """(id, name, arguments) of a chat tool call, whatever of it is missing."""
     function = call.get("function") or {}

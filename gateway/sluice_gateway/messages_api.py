@@ -12,7 +12,7 @@ import json
 import uuid
 from typing import Any
 
-from .adapted_api import json_body, refuse, sse, tool_call_arguments, unsupported, usage_counts
+from .adapted_api import chat_body, json_body, refuse, sse, tool_call_arguments, unsupported, usage_counts
 
 _PASSED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop_sequences": "stop"}
 _ACCEPTED = frozenset({"model", "messages", "system", "max_tokens", "stream", "tools", "tool_choice", "metadata",
@@ -64,12 +64,7 @@ class MessagesAdapter:
             chat.update(_tool_choice(given["tool_choice"]))
         if isinstance(given.get("metadata"), dict) and isinstance(given["metadata"].get("user_id"), str):
             chat["user"] = given["metadata"]["user_id"]
-        stream = given.get("stream", False)
-        if not isinstance(stream, bool):
-            raise refuse("stream", "stream must be a boolean")
-        if stream:
-            chat.update(stream=True, stream_options={"include_usage": True})
-        return json.dumps(chat, separators=(",", ":")).encode()
+        return chat_body(chat, given)
 
     async def answer(self, chat: dict[str, Any]) -> bytes:
         choice = chat["choices"][0]

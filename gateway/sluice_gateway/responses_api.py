@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .adapted_api import json_body, refuse, sse, tool_call_arguments, unsupported, usage_counts
+from .adapted_api import chat_body, json_body, refuse, sse, tool_call_arguments, unsupported, usage_counts
 from .errors import GatewayError
 from .response_store import ResponseStore, not_found
 
@@ -102,13 +102,7 @@ class ResponsesAdapter:
             chat["tool_choice"] = _tool_choice(given["tool_choice"])
         if (response_format := _response_format(given.get("text"))) is not None:
             chat["response_format"] = response_format
-        stream = given.get("stream", False)
-        if not isinstance(stream, bool):
-            raise refuse("stream", "stream must be a boolean")
-        if stream:
-            # Usage closes every stream: the client's `response.completed` carries it.
-            chat.update(stream=True, stream_options={"include_usage": True})
-        return json.dumps(chat, separators=(",", ":")).encode()
+        return chat_body(chat, given)
 
     # -- a whole answer -------------------------------------------------------------------------------------
     async def answer(self, chat: dict[str, Any]) -> bytes:

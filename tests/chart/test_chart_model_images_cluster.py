@@ -33,7 +33,8 @@ def served(request, kube_cluster):
     for i, prefix in enumerate(PREFIXES):
         args += ["--set", f"operator.allowedImagePrefixes[{i}]={prefix}"]
     docs = helm.template(*args)
-    policy = [*by_kind(docs, "ValidatingAdmissionPolicy"), *by_kind(docs, "ValidatingAdmissionPolicyBinding")]
+    policy = [o for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+              for o in by_kind(docs, kind) if o["metadata"]["name"].endswith("-model-images")]
     assert len(policy) == 2
     kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(policy))
     yield kube_cluster, inside, outside

@@ -198,10 +198,10 @@ def test_allowed_image_prefixes_and_the_guard_image_reach_the_operator_and_the_a
     # The operator's own parser takes what the chart passes.
     policy = _policy(_parser().parse_args(["run", *[a for a in args if a.startswith(("--allowed", "--guard"))]]))
     assert policy.image_prefixes == tuple(values) and policy.guard_image.endswith(":9.9.9")
-    vap = one(objects, "ValidatingAdmissionPolicy")
+    vap = one(objects, "ValidatingAdmissionPolicy", "-model-images")
     prefixes = next(v for v in vap["spec"]["variables"] if v["name"] == "prefixes")["expression"]
     assert json.loads(prefixes) == values
-    binding = one(objects, "ValidatingAdmissionPolicyBinding")
+    binding = one(objects, "ValidatingAdmissionPolicyBinding", "-model-images")
     assert binding["spec"]["policyName"] == vap["metadata"]["name"] and binding["spec"]["validationActions"] == ["Deny"]
     for bad in (["--set", "operator.allowedImagePrefixes=null"], ["--set-json", "operator.allowedImagePrefixes=[]"],
                 ["--set-json", 'operator.allowedImagePrefixes=["vllm/vllm-openai"]'],

@@ -169,7 +169,8 @@ for path, data in (("/v1/chat/completions", body), ("/v1/completions", b'{"model
 
 
 def test_3b_runtime_pods_refuse_a_pod_without_the_credential(stack):
-    """Forged gateway labels get a pod past any NetworkPolicy; without the release's credential it still gets 401."""
+    """Forged gateway labels would get a pod past the NetworkPolicies: the chart refuses such a pod at admission.
+    And a pod that gets to a runtime anyway (no policy is enforced on the kwok node) has no credential: 401."""
     (runtime,) = stack.model_pods("smollm2")
     gateway = stack.gateway_pod()
     labels = {k: v for k, v in gateway["metadata"]["labels"].items() if k != "pod-template-hash"}
@@ -179,6 +180,9 @@ def test_3b_runtime_pods_refuse_a_pod_without_the_credential(stack):
            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [{
                "name": "probe", "image": "python:3.11-slim", "command": ["python", "-c", BYPASS],
                "args": [f"http://{runtime['status']['podIP']}:8000"], "securityContext": restricted}]}}
+    forged = stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod), check=False)
+    assert forged.returncode != 0 and "is made only by its Deployment" in forged.stderr, forged.stderr
+    pod["metadata"]["labels"] = {"sluice.dev/launch": "true"}
     stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
     try:
         wait_for(lambda: (stack.get("pod", "bypass") or {}).get("status", {}).get("phase") == "Succeeded",
