@@ -22,11 +22,19 @@ def _logged(server, client_id: str) -> dict:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("value", ["5", 5.5, True, None, 1001, -1001, 10**30, [1]])
+@pytest.mark.parametrize("value", ["5", 5.5, True, 1001, -1001, 10**30, [1]])
 def test_the_priority_field_must_be_a_bounded_integer(runtime_openai, value):
     with pytest.raises(openai.BadRequestError) as err:
         runtime_openai.chat.completions.create(**BODY, extra_body={"priority": value})
     assert err.value.body["param"] == "priority" or "priority" in err.value.body["message"]
+
+
+def test_a_null_priority_is_the_default_one(runtime_server_process, runtime_openai):
+    runtime_openai.chat.completions.create(**BODY, extra_body={"priority": None},
+                                           extra_headers={"x-request-id": "null-priority"})
+    runtime_openai.chat.completions.create(**BODY, extra_headers={"x-request-id": "no-priority"})
+    assert _logged(runtime_server_process, "null-priority")["priority"] == \
+        _logged(runtime_server_process, "no-priority")["priority"]
 
 
 @pytest.mark.parametrize("header,value", [
