@@ -26,6 +26,7 @@ from ..models.weights import load_weights
 from ..layers import fused_cpu
 from .packed_linear import prepare_linears
 from . import distributed
+from .cpu_budget import usable_cpus
 from .attention import AttentionMetadata, SequenceSpan, TorchAttentionBackend, native_cpu, select_backend
 from .cuda_graphs import DecodeGraphs, cuda_graph_capture, graph_batch_sizes
 from .device_sampler import DeviceSampler
@@ -99,6 +100,10 @@ class ModelRunner:
         self.cpu_paths = host_cpu_paths() if self.device.type == "cpu" else None
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.workers: distributed.WorkerGroup | None = None
+        if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # torch's own default (the cores it may run on), capped by a pod's CPU limit; an explicit
+            # OMP_NUM_THREADS wins.
+            torch.set_num_threads(min(torch.get_num_threads(), usable_cpus()))
         self.num_threads = torch.get_num_threads()
         if self.tp.size > 1 and rank == 0:
             self.workers = distributed.WorkerGroup(run_worker, (model_dir, config), self.tp.size)
@@ -117,7 +122,7 @@ class ModelRunner:
                 torch.cuda.set_device(self.device)
             else:
                 # The ranks share this machine's cores; each would otherwise start a thread per core.
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.tp.size))
+                torch.set_num_threads(max(1, usable_cpus() // self.tp.size))
             distributed.init_process_group(self.rank, self.tp.size, port, self.device)
         torch.manual_seed(config.seed)
         with torch.device("meta"):
