@@ -153,7 +153,7 @@ state = "{root}/state"
             "maxPods": 64,
         }
 
-    def _node_credentials(self) -> Path:
+    def _node_credentials(self, server: str) -> Path:
         """A client certificate for the kubelet (system:node:NODE_NAME), signed by the cluster's CA, and its
         kubeconfig."""
         pki = self.cluster.pki_dir
@@ -165,12 +165,10 @@ state = "{root}/state"
             subprocess.run(["openssl", "x509", "-req", "-in", str(cert) + ".csr", "-CA", str(pki / "ca.crt"),
                             "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "365", "-out", str(cert)],
                            check=True, capture_output=True)
-        server = json.loads(self.cluster.kubectl("config", "view", "--raw", "-o", "json").stdout)
-        address = server["clusters"][0]["cluster"]["server"]
         kubeconfig = self._path("kubelet", "kubeconfig")
         kubeconfig.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "node",
-            "clusters": [{"name": "local", "cluster": {"server": address,
+            "clusters": [{"name": "local", "cluster": {"server": server,
                                                        "certificate-authority": str(pki / "ca.crt")}}],
             "users": [{"name": "node", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
             "contexts": [{"name": "node", "context": {"cluster": "local", "user": "node"}}],
@@ -179,11 +177,12 @@ state = "{root}/state"
 
     # -- network -----------------------------------------------------------------------------------------------
 
-    def _api_server_port(self) -> int:
-        server = json.loads(self.cluster.kubectl("config", "view", "--raw", "-o", "json").stdout)
-        return int(server["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
+    def _api_server(self) -> str:
+        """The API server's URL, as the cluster's admin kubeconfig names it (on loopback)."""
+        config = json.loads(self.cluster.kubectl("config", "view", "--raw", "-o", "json").stdout)
+        return config["clusters"][0]["cluster"]["server"]
 
-    def _network_up(self) -> None:
+    def _network_up(self, server: str) -> None:
         def ip(*args: str, check: bool = True) -> None:
             subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
@@ -195,7 +194,7 @@ state = "{root}/state"
         ip("route", "replace", "blackhole", node_network.RANGE)
         # Pods reach the API server, which listens on loopback only, at its Service address and at the address
         # it advertises: rewritten to loopback before kube-proxy's rules see them (a higher nat priority).
-        port = self._api_server_port()
+        port = int(server.rsplit(":", 1)[1])
         for key in ("net.ipv4.ip_forward", f"net.ipv4.conf.{node_network.BRIDGE}.route_localnet",
                     "net.bridge.bridge-nf-call-iptables"):
             Path("/proc/sys", *key.split(".")).write_text("1")
@@ -272,7 +271,8 @@ table ip {API_NAT_TABLE} {{
         started = time.monotonic()
         self.cluster.up()
         bins = self.cluster.bin_dir
-        self._network_up()
+        server = self._api_server()
+        self._network_up(server)
         config = self._path("containerd", "config.toml")
         config.write_text(self._containerd_config())
         self._path("cni", "10-sluice.conflist").write_text(json.dumps(self._cni_config()))
@@ -283,9 +283,10 @@ table ip {API_NAT_TABLE} {{
         kubelet_config = self._path("kubelet", "config.json")
         kubelet_config.write_text(json.dumps(self._kubelet_config()))
         self._start("kubelet", [
-            str(bins / "kubelet"), "--config", str(kubelet_config), "--kubeconfig", str(self._node_credentials()),
-            "--hostname-override", NODE_NAME, "--node-ip", node_network.NODE_IP,
-            "--node-labels", "=".join(NODE_LABEL), "--root-dir", str(self.home / "kubelet/root"), "--cert-dir", str(self.home / "kubelet/pki"),
+            str(bins / "kubelet"), "--config", str(kubelet_config),
+            "--kubeconfig", str(self._node_credentials(server)),
+            "--hostname-override", NODE_NAME, "--node-ip", node_network.NODE_IP, "--node-labels", "=".join(NODE_LABEL),
+            "--root-dir", str(self.home / "kubelet/root"), "--cert-dir", str(self.home / "kubelet/pki"),
             "--v", "1",
         ])
         self._start("kube-proxy", [

@@ -5,6 +5,8 @@ import httpx
 import jsonschema
 import pytest
 
+from fixtures.tools import WEATHER
+
 pytestmark = pytest.mark.integration
 
 MODEL = "smollm2"
@@ -19,11 +21,6 @@ PERSON = {
     "required": ["name", "age", "pets", "employed"],
     "additionalProperties": False,
 }
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
