@@ -8,7 +8,7 @@ OpenAI's API: `"16"`, `16.0` and `true` are not integers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, overload
 
 from .model_tasks import POOLING_TASKS, Task
 
@@ -64,8 +64,9 @@ def read_request_cost(payload: Mapping[str, Any], endpoint: Endpoint) -> Request
 
 
 def _max_tokens(payload: Mapping[str, Any], endpoint: Endpoint) -> tuple[int | None, str]:
-    given = {name: _strict_int(payload, name, None) for name in _MAX_TOKEN_FIELDS}
-    given = {name: value for name, value in given.items() if value is not None}
+    given = {
+        name: value for name in _MAX_TOKEN_FIELDS if (value := _strict_int(payload, name, None)) is not None
+    }
     if len(set(given.values())) > 1:
         raise InvalidCostField(
             "max_tokens",
@@ -78,6 +79,10 @@ def _max_tokens(payload: Mapping[str, Any], endpoint: Endpoint) -> tuple[int | N
     return (COMPLETION_DEFAULT_MAX_TOKENS if endpoint == "completion" else None), "max_tokens"
 
 
+@overload
+def _strict_int(payload: Mapping[str, Any], name: str, default: int) -> int: ...
+@overload
+def _strict_int(payload: Mapping[str, Any], name: str, default: None) -> int | None: ...
 def _strict_int(payload: Mapping[str, Any], name: str, default: int | None) -> int | None:
     value = payload.get(name)
     if value is None:

@@ -15,13 +15,13 @@ import asyncio
 import itertools
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from sluice_contracts import request_id
 from sluice_contracts.routing_table import Route, RoutingTable
 
 from .access_record import record
@@ -38,15 +38,15 @@ from .forwarder import Forwarder, Send
 from .limits import Limiter
 from .limits.memory import MemoryLimiter
 from .limits.redis import RedisLimiter
-from .messages_api import MessagesAdapter
 from .load_poller import LoadPoller
+from .messages_api import MessagesAdapter
 from .metrics import GatewayMetrics
 from .picker import Picker
-from .priority_hold import PriorityHold
 from .plain_endpoints import GET_ROUTES, model
+from .priority_hold import PriorityHold
+from .relay import error_event
 from .request import parse_request_off_loop, stop_parser, warm_parser
 from .request_context import RequestContext
-from .relay import error_event
 from .response_store import ResponseStore
 from .responses_api import ResponsesAdapter, cancel, delete, stored
 from .routing_table import max_model_len, reachable, starting_models
@@ -70,8 +70,6 @@ _JSON = (b"content-type", b"application/json")
 API_ROUTES = (*(("POST", path) for path in (*_PROXIED, *_ADAPTED)), ("GET", "/v1/models"),
               ("GET", _MODELS + "{model}"), ("GET", _RESPONSES + "{id}"),
               ("DELETE", _RESPONSES + "{id}"), ("POST", _RESPONSES + "{id}/cancel"))
-# A client's request id is echoed and logged when it is short and plain; it never names the request inside.
-_CLIENT_ID = re.compile(rb"^[A-Za-z0-9._:/+=-]{1,128}$")
 # Request ids: a random per-process prefix and a counter, unique without a system call per request.
 _request_ids = (f"{uuid.uuid4().hex[:16]}{n:08x}".encode() for n in itertools.count())
 
@@ -205,7 +203,7 @@ class GatewayApp:
         # logged, so two requests sending one id never touch each other.
         own_id = next(_request_ids)
         client_id = headers.get(b"x-request-id")
-        client_id = client_id if client_id and _CLIENT_ID.match(client_id) else None
+        client_id = client_id if client_id and request_id.BYTES.match(client_id) else None
         path, method = scope["path"], scope["method"]
         adapted = _ADAPTED.get(path)
         kind = _PROXIED.get(path) or ("chat" if adapted else None)

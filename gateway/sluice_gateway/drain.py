@@ -35,7 +35,8 @@ class DrainingServer(uvicorn.Server):
             return
         self._captured_signals.append(sig)  # uvicorn re-raises it after the shutdown, as it would have
         self._terminating_since = time.monotonic()
-        self.config.timeout_graceful_shutdown = self._drain_s()
+        # uvicorn annotates whole seconds but hands the value to asyncio.wait_for, which takes any float.
+        self.config.timeout_graceful_shutdown = self._drain_s()  # type: ignore[assignment]
         self._on_terminating()
 
     async def on_tick(self, counter: int) -> bool:

@@ -29,9 +29,15 @@ from urllib.parse import urlsplit
 
 import httptools
 import uvicorn
+
 from sluice_contracts.engine_guard import COMMAND, ENGINE_HOST, ENGINE_PORT
 from sluice_contracts.runtime_credential import (
-    MOUNT_PATH, OPEN_PATHS, ROTATION_GRACE_S, CredentialFileError, FollowedCredential, header_value,
+    MOUNT_PATH,
+    OPEN_PATHS,
+    ROTATION_GRACE_S,
+    CredentialFileError,
+    FollowedCredential,
+    header_value,
 )
 
 from .client_protocol import ClientProtocol

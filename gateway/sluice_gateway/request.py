@@ -89,7 +89,7 @@ class Serialised:
     json: str
 
 
-async def parse_request_off_loop(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest:
+async def parse_request_off_loop(body: bytes, *, kind: Task, prefix_chars: int) -> ParsedRequest:
     """`parse_request`; a large body in the parser process, so that building its objects (which holds the
     interpreter's lock throughout) never stalls this process's event loop. Its arrays and objects come back
     as `Serialised` text."""
@@ -140,7 +140,7 @@ def stop_parser() -> None:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _parse_compact(body: bytes, kind: str, prefix_chars: int) -> ParsedRequest | tuple:
+def _parse_compact(body: bytes, kind: Task, prefix_chars: int) -> ParsedRequest | tuple:
     """In the parser process: the request with its containers as text, or the error's fields to raise."""
     try:
         parsed = parse_request(body, kind=kind, prefix_chars=prefix_chars)
@@ -151,7 +151,7 @@ def _parse_compact(body: bytes, kind: str, prefix_chars: int) -> ParsedRequest |
     return parsed
 
 
-def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest:
+def parse_request(body: bytes, *, kind: Task, prefix_chars: int) -> ParsedRequest:
     """`kind` is the task (sluice_contracts.model_tasks); raises GatewayError(400) for malformed bodies."""
     payload = _json_object(body)
     model = payload.get("model")
@@ -171,7 +171,7 @@ def parse_request(body: bytes, *, kind: str, prefix_chars: int) -> ParsedRequest
         texts, prompts = _listed_prompts(payload.get(prompt_param), prompt_param,
                                          _extra_tokens(payload, (prompt_param,)))
     try:
-        cost = read_request_cost(payload, kind)  # type: ignore[arg-type]
+        cost = read_request_cost(payload, kind)
     except InvalidCostField as exc:
         raise GatewayError(400, str(exc), param=exc.param, code="invalid_value") from None
     prefix = "\x1e".join(texts)[:prefix_chars].encode()

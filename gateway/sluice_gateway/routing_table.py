@@ -57,9 +57,10 @@ def starting_models(routes: list[tuple[str, Route]]) -> tuple[str, ...]:
 def max_model_len(routes: list[tuple[str, Route]]) -> int | None:
     """The largest context among these routes' backends (any may serve); None if one does not say."""
     lengths = [b.capabilities.max_model_len for _, route in routes for b in route.backends if b.weight > 0]
-    if not lengths or None in lengths:
+    known = [length for length in lengths if length is not None]
+    if not known or len(known) < len(lengths):
         return None
-    return max(lengths)
+    return max(known)
 
 
 def parse_routing_table(text: str | bytes) -> RoutingTable:

@@ -2,7 +2,10 @@
 import pytest
 
 from sluice_contracts.request_cost import (
-    COMPLETION_DEFAULT_MAX_TOKENS, MAX_CHOICES, InvalidCostField, read_request_cost,
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    MAX_CHOICES,
+    InvalidCostField,
+    read_request_cost,
 )
 
 

@@ -2,7 +2,12 @@
 import pytest
 
 from sluice_contracts.runtime_credential import (
-    CredentialFileError, RotatedCredential, header_value, presented_matches, read_credential_file, secret_name,
+    CredentialFileError,
+    RotatedCredential,
+    header_value,
+    presented_matches,
+    read_credential_file,
+    secret_name,
 )
 
 

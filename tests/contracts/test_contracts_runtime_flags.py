@@ -1,8 +1,14 @@
 """The runtime's flag limits: the ranges hold integers only, the block sizes are exactly the powers of two."""
 import pytest
 
-from sluice_contracts.runtime_flags import (BLOCK_SIZES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE,
-                                            block_size_message, is_block_size)
+from sluice_contracts.runtime_flags import (
+    BLOCK_SIZES,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    TENSOR_PARALLEL_SIZE,
+    block_size_message,
+    is_block_size,
+)
 
 
 def test_block_sizes_are_the_powers_of_two_up_to_256():

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
 from fixtures.gateway import TINY_MODEL_NAME, free_port, runtimes
 from sluice_contracts.http_bounds import MAX_HEADER_COUNT, MAX_REQUEST_LINE_BYTES
 from sluice_contracts.runtime_credential import OPEN_PATHS

@@ -6,12 +6,14 @@ import json
 import httpx
 import openai
 import pytest
-from sluice_gateway.request import (
-    TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE,
-)
 
 from fixtures.cluster import wait_for
 from fixtures.gateway import TINY_CONTEXT, backend, free_port, gateway_config, key_entry, run_gateway, table
+from sluice_gateway.request import (
+    TEMPLATE_TOKENS_PER_CHAT,
+    TEMPLATE_TOKENS_PER_ELEMENT,
+    TEMPLATE_TOKENS_PER_MESSAGE,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from sluice_contracts.routing_table import RoutingTableError
 from sluice_gateway.auth import KeyStore
 from sluice_gateway.config import ConfigError, GatewayConfig, load_config
-from sluice_contracts.routing_table import RoutingTableError
 from sluice_gateway.routing_table import load_routing_table, parse_routing_table
 
 DIGEST = hashlib.sha256(b"sk-one").hexdigest()

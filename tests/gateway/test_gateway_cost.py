@@ -6,7 +6,12 @@ import pytest
 from sluice_gateway.cost import check_context, reserve
 from sluice_gateway.errors import GatewayError
 from sluice_gateway.request import (
-    MAX_BODY_ELEMENTS, MAX_CHARS_PER_TOKEN, TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE, parse_request,
+    MAX_BODY_ELEMENTS,
+    MAX_CHARS_PER_TOKEN,
+    TEMPLATE_TOKENS_PER_CHAT,
+    TEMPLATE_TOKENS_PER_ELEMENT,
+    TEMPLATE_TOKENS_PER_MESSAGE,
+    parse_request,
 )
 
 # The default message's bound: its 400 bytes, the keys and the role, an allowance for the message and its two

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sluice_contracts.http_bounds import MAX_HEADER_BYTES, MAX_HEADER_COUNT, MAX_REQUEST_LINE_BYTES
 
 from fixtures.gateway import backend, gateway_config, key_entry, table
+from sluice_contracts.http_bounds import MAX_HEADER_BYTES, MAX_HEADER_COUNT, MAX_REQUEST_LINE_BYTES
 
 pytestmark = pytest.mark.integration
 

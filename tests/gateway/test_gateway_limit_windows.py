@@ -7,11 +7,13 @@ import time
 
 import httpx
 import pytest
-from sluice_gateway.request import (
-    TEMPLATE_TOKENS_PER_CHAT, TEMPLATE_TOKENS_PER_ELEMENT, TEMPLATE_TOKENS_PER_MESSAGE,
-)
 
 from fixtures.gateway import backend, gateway_config, key_entry, table
+from sluice_gateway.request import (
+    TEMPLATE_TOKENS_PER_CHAT,
+    TEMPLATE_TOKENS_PER_ELEMENT,
+    TEMPLATE_TOKENS_PER_MESSAGE,
+)
 
 pytestmark = pytest.mark.integration
 

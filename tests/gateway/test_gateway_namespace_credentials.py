@@ -7,9 +7,9 @@ import secrets
 import httpx
 import pytest
 from openai import OpenAI
-from sluice_contracts import runtime_credential
 
 from fixtures.gateway import RUNTIME_ARGS, backend, gateway_config, key_entry, table
+from sluice_contracts import runtime_credential
 
 pytestmark = pytest.mark.integration
 

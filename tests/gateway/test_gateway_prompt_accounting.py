@@ -7,9 +7,9 @@ import threading
 
 import httpx
 import pytest
-from sluice_contracts import prompt_reservation
 
 from fixtures.gateway import backend, gateway_config, key_entry, table
+from sluice_contracts import prompt_reservation
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +116,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self):  # noqa: N802: the gateway polls /load before it sends this endpoint anything
+    def do_GET(self):  # noqa: N802 (the gateway polls /load before it sends this endpoint anything)
         body = b'{"waiting": 0, "running": 0, "kv_cache_usage": 0.0}'
         self.send_response(200)
         self.send_header("content-type", "application/json")

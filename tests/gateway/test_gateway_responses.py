@@ -255,6 +255,7 @@ def test_the_memory_store_expires_responses(upstream, start_gateway):
 @pytest.mark.parametrize("ttl", [0, -1, 1.5, "1d", None, 10 ** 9])
 def test_the_store_ttl_is_validated(ttl):
     from pydantic import ValidationError
+
     from sluice_gateway.config import GatewayConfig
 
     with pytest.raises(ValidationError) as refused:

@@ -6,10 +6,10 @@ straight through and a client disconnect still reaches the handler.
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 
+from sluice_contracts import request_id
 from sluice_contracts.runtime_credential import OPEN_PATHS
 
 from .disconnect import ClientDisconnected, ClientStalled
@@ -17,8 +17,6 @@ from .errors import APIError, internal_error, shutting_down, unauthorized
 from .request_log import RequestRecord
 
 log = logging.getLogger("sluice.server")
-
-_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 
 
 class _BodyTooLarge(Exception):
@@ -138,7 +136,7 @@ def _new_record(scope, headers: dict[str, str]) -> RequestRecord:
     the request to stream to and to abort."""
     client_id = headers.get("x-request-id", "")
     return RequestRecord(request_id=f"req-{uuid.uuid4().hex}", method=scope["method"], path=scope["path"],
-                         client_request_id=client_id if _CLIENT_ID.match(client_id) else None)
+                         client_request_id=client_id if request_id.TEXT.match(client_id) else None)
 
 
 def _int(value: str | None) -> int:
