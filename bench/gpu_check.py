@@ -6,7 +6,7 @@
    share of the HBM bound (weight bytes read per step / --hbm-tb-s, 4.8 TB/s for an H200), and
    output tokens/s at batch 64 and 256 with 512-token prompts (prefill included).
 3. The same with CUDA graphs off (--enforce-eager), to show what they buy.
-Targets (issue 9): batch-1 decode at 50% or more of the bound with graphs; batch 256 at least 20x batch 1.
+Targets: batch-1 decode at 50% or more of the bound with graphs; batch 256 at least 20x batch 1.
 
 Prints a table and writes bench/results/gpu_check.json. Without CUDA it says so and exits 1.
 """

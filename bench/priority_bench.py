@@ -1,11 +1,11 @@
-"""Tenant priority at saturation (issue 17): a critical tenant's time to first token alone and under a batch flood,
+"""Tenant priority at saturation: a critical tenant's time to first token alone and under a batch flood,
 and completions of two standard tenants with very different queue lengths. Real processes: one `sluice-runtime`
 (the embedded SmolLM2 unless --model) and `sluice-gateway`s in front of it, the official openai client.
 
 Modes, all in the same run against the same runtime:
 - `classes`: a gateway with tenant A `batch`, B `critical` (the issue's scenario);
 - `standard`: a gateway with every tenant `standard` (priority off, tenant fairness still on);
-- `direct`: clients straight to the runtime, no priority and no tenant (everyone one FIFO, as before).
+- `direct`: clients straight to the runtime, no priority and no tenant (everyone in one FIFO).
 For each: B (4 concurrent) alone, then B while A keeps `--flood` requests in flight. Then C (32 concurrent) and D
 (2 concurrent), both `standard`, for `--fair-seconds`: completions per tenant.
 Writes bench/results/priority_bench.json and prints a table. Figures are ratios within this run.

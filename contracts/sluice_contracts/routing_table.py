@@ -1,4 +1,4 @@
-"""The routing table: the operator's output and the gateway's input (DESIGN.md).
+"""The routing table: the operator's output and the gateway's input; docs/architecture.md says how each side uses it.
 
 The operator builds a `RoutingTable` and writes `table.to_json()` into a ConfigMap; the gateway reads the same
 document back. Field names on the wire are camelCase (`servedModelName`, `maxModelLen`, `jsonSchema`); Python

@@ -37,9 +37,11 @@ class ApiKey(_Strict):
 class Limits(_Strict):
     """Per-tenant limits; None means unlimited. The rule is in gateway/README.md ("Limits")."""
 
-    requests_per_minute: int | None = Field(default=None, gt=0)
-    tokens_per_minute: int | None = Field(default=None, gt=0)
-    max_concurrent: int | None = Field(default=None, gt=0)
+    requests_per_minute: int | None = Field(default=None, gt=0, description="Requests admitted per minute (else 429).")
+    tokens_per_minute: int | None = Field(
+        default=None, gt=0, description="Prompt and reserved output tokens per minute (else 429)."
+    )
+    max_concurrent: int | None = Field(default=None, gt=0, description="Requests in flight at once (else 429).")
     over_budget: Literal["refuse", "lower_max_tokens"] = Field(
         default="refuse",
         description="A request whose reservation exceeds the tokens left this minute: refuse it (429), or lower "
@@ -48,8 +50,8 @@ class Limits(_Strict):
 
 
 class Tenant(_Strict):
-    name: str = Field(min_length=1)
-    keys: tuple[ApiKey, ...] = Field(min_length=1)
+    name: str = Field(min_length=1, description="The tenant's label in metrics and access logs.")
+    keys: tuple[ApiKey, ...] = Field(min_length=1, description="The tenant's API keys, at least one.")
     models: tuple[str, ...] = Field(
         default=(), description="Globs of public model names this tenant may use; none when unset (`[\"*\"]`: all).",
     )
@@ -102,8 +104,8 @@ class Priority(_Strict):
 
 
 class Listen(_Strict):
-    host: str = "0.0.0.0"
-    port: int = Field(default=8080, ge=0, le=65535)
+    host: str = Field(default="0.0.0.0", description="Address of the API; `--host` overrides it.")
+    port: int = Field(default=8080, ge=0, le=65535, description="Port of the API; `--port` overrides it; 0: a free one.")
 
 
 class Timeouts(_Strict):
@@ -191,9 +193,9 @@ class Routing(_Strict):
     load_bound: float = Field(default=1.25, ge=1.0, description="Bounded-load factor for prefix affinity.")
     max_attempts: int = Field(default=3, ge=1, description="Endpoints tried before the first byte.")
     poll_interval_s: float = Field(default=1.0, gt=0, description="How often each endpoint's /load is polled.")
-    poll_timeout_s: float = Field(default=0.5, gt=0)
+    poll_timeout_s: float = Field(default=0.5, gt=0, description="A /load poll slower than this counts as failed.")
     eject_after_failures: int = Field(default=3, ge=1, description="Consecutive failures that eject an endpoint.")
-    eject_for_s: float = Field(default=10.0, gt=0)
+    eject_for_s: float = Field(default=10.0, gt=0, description="How long an ejected endpoint is left out.")
     reload_interval_s: float = Field(default=1.0, gt=0, description="How often the routes file is checked.")
 
 
@@ -233,7 +235,7 @@ class GatewayConfig(_Strict):
     )
     timeouts: Timeouts = Timeouts()
     shutdown: Shutdown = Shutdown()
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, description="Largest request body (else 413).")
     max_response_bytes: int = Field(
         default=16 * 1024 * 1024, gt=0, description="Largest non-streaming upstream response passed on (else 502)."
     )
@@ -256,10 +258,10 @@ class GatewayConfig(_Strict):
     routing: Routing = Routing()
     cold_start: ColdStart = ColdStart()
     responses: Responses = Responses()
-    admin_keys: tuple[ApiKey, ...] = ()
+    admin_keys: tuple[ApiKey, ...] = Field(default=(), description="Keys that open `/admin/*`, and nothing else.")
     priority: Priority = Priority()
-    tenants: tuple[Tenant, ...] = ()
-    access_log: bool = True
+    tenants: tuple[Tenant, ...] = Field(default=(), description="Who may call the API, with which keys and limits.")
+    access_log: bool = Field(default=True, description="One JSON line per request on stdout.")
 
     @property
     def drain_s(self) -> float:

@@ -11,7 +11,7 @@ from pydantic.alias_generators import to_camel
 GROUP = "sluice.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-# The runtime serves HTTP, probes and /metrics on this port (DESIGN.md).
+# The runtime serves HTTP, probes and /metrics on this port.
 RUNTIME_PORT = 8000
 # Every object and pod Sluice makes for an InferenceModel carries its name under this label.
 LABEL_MODEL = "sluice.dev/inference-model"
