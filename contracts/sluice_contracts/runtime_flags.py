@@ -1,4 +1,4 @@
-"""The runtime's flag limits that the InferenceModel CRD also validates.
+"""The runtime's flag limits that the InferenceModel CRD also validates, and the defaults both use.
 
 The runtime refuses these values at start; the CRD refuses them when the object is applied, so a bad spec is
 an error on `kubectl apply` rather than a pod that exits on every restart. Both read the limits from here.
@@ -43,6 +43,15 @@ MAX_LORA_RANK = IntRange("max lora rank", 1, 512)
 # An adapter is requested by name as a model, so the name travels in JSON bodies, routing tables and metric
 # labels: letters, digits and . _ - only (no commas, which separate names in vllm:lora_requests_info).
 LORA_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+# The sluice engine's defaults: the runtime starts with them, and the operator passes them for a spec that leaves
+# the field unset, so a pod started by hand and one the operator made serve alike.
+DEFAULT_DTYPE = "float32"
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_LORA_RANK = 16
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_CPU_KV_CACHE_MEMORY = "1Gi"  # on CUDA the KV cache takes what gpu memory utilization leaves
 
 
 def is_block_size(value: object) -> bool:

@@ -54,8 +54,8 @@ ENGINE_IMAGES = {
     "sglang": "lmsysorg/sglang:v0.5.4",
 }
 # What the sluice engine runs with where the spec leaves a field unset (vLLM and SGLang: their own defaults).
-SLUICE_DTYPE = "float32"
-SLUICE_KV_CACHE_MEMORY = "1Gi"
+SLUICE_DTYPE = runtime_flags.DEFAULT_DTYPE
+SLUICE_KV_CACHE_MEMORY = runtime_flags.DEFAULT_CPU_KV_CACHE_MEMORY
 # runtime fields (camelCase) an engine has no flag for, with what to use instead; refused at the API server.
 ENGINE_UNSUPPORTED: dict[str, dict[str, str]] = {
     "sglang": {"kvCacheMemory": "SGLang sizes its KV cache from runtime.gpuMemoryUtilization (--mem-fraction-static)"},
@@ -183,7 +183,7 @@ class RuntimeSpec(SpecModel):
     )
     max_model_len: int = Field(default=2048, ge=MAX_MODEL_LEN.minimum, le=MAX_MODEL_LEN.maximum,
                                description="Longest prompt plus output, in tokens.")
-    max_num_seqs: int = Field(default=64, ge=MAX_NUM_SEQS.minimum, le=MAX_NUM_SEQS.maximum,
+    max_num_seqs: int = Field(default=runtime_flags.DEFAULT_MAX_NUM_SEQS, ge=MAX_NUM_SEQS.minimum, le=MAX_NUM_SEQS.maximum,
                               description="Most sequences decoded together in one step.")
     dtype: str | None = Field(
         default=None, json_schema_extra={"enum": list(DTYPES)},
@@ -200,9 +200,9 @@ class RuntimeSpec(SpecModel):
     gpu_memory_utilization: float | None = Field(
         default=None, gt=0, le=1,
         description="GPU pods: the share of each GPU for weights, activations and KV cache; unset: the engine's "
-                    "default (vllm, sluice 0.9).",
+                    f"default (vllm, sluice {runtime_flags.DEFAULT_GPU_MEMORY_UTILIZATION}).",
     )
-    block_size: int = Field(default=16, json_schema_extra={"enum": list(BLOCK_SIZES)},
+    block_size: int = Field(default=runtime_flags.DEFAULT_BLOCK_SIZE, json_schema_extra={"enum": list(BLOCK_SIZES)},
                             description="Tokens per KV-cache block (sglang: its page size), a power of two.")
     prefix_caching: bool = Field(default=True, description="Reuse KV-cache blocks of shared prompt prefixes.")
     max_loras: int = Field(
@@ -210,7 +210,7 @@ class RuntimeSpec(SpecModel):
         description="With adapters: LoRA adapters resident in the engine at once, and the most `adapters` may list.",
     )
     max_lora_rank: int = Field(
-        default=16, ge=MAX_LORA_RANK.minimum, le=MAX_LORA_RANK.maximum,
+        default=runtime_flags.DEFAULT_MAX_LORA_RANK, ge=MAX_LORA_RANK.minimum, le=MAX_LORA_RANK.maximum,
         description="With adapters: the largest LoRA rank the runtime takes (it sizes the adapters' slots).",
     )
     startup_timeout_seconds: int = Field(
