@@ -152,5 +152,21 @@ def unschedulable_message(pods: Iterable[Pod]) -> str:
     return ""
 
 
+def oom_killed_message(pods: Iterable[Pod]) -> str:
+    """What to do about the first pod whose container the kernel killed for its memory limit (now or on its last
+    run, which a crash loop keeps showing); empty when none was."""
+    for pod in pods:
+        limits = {c.get("name"): ((c.get("resources") or {}).get("limits") or {}).get("memory")
+                  for c in (pod.get("spec") or {}).get("containers") or []}
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            ended = [(status.get(key) or {}).get("terminated") or {} for key in ("state", "lastState")]
+            if any(end.get("reason") == "OOMKilled" for end in ended):
+                limit = limits.get(status.get("name")) or "its memory limit"
+                return (f"runtime pod {pod['metadata']['name']} was killed for using more memory than its limit "
+                        f"({limit}, restarted {status.get('restartCount', 0)} times): the model, its KV cache "
+                        f"(spec.runtime.kvCacheMemory) and the runtime need more; raise spec.resources.memory")
+    return ""
+
+
 def pending_count(pods: Iterable[Pod]) -> int:
     return sum(1 for pod in pods if (pod.get("status") or {}).get("phase") == "Pending")

@@ -3,16 +3,21 @@ enforced, Services and cluster DNS work through kube-proxy and CoreDNS, the char
 by kube-router, and Secret volumes are updated the kubelet's way while a pod runs."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
+import openai
 import pytest
 
 from fixtures.cluster import wait_for
-from fixtures.real_node import operator_image, pod_manifest, probe_pod, restricted_namespace, run_pod
+from fixtures.sluice_stack import ready
+from fixtures.real_node import (load_built_image, operator_image, pod_manifest, probe_pod, restricted_namespace,
+                                run_pod, runtime_image)
 from localcluster import node_network
 from localcluster.real_node import NODE_NAME, PLACEMENT
 
@@ -20,6 +25,12 @@ pytestmark = pytest.mark.integration
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "sluice"
 RELEASE = "real-node"
+TENANT_KEY = "sk-sluice-real-node"
+TENANT_KEY_SHA256 = hashlib.sha256(TENANT_KEY.encode()).hexdigest()
+MODEL = "smollm2"
+# One of the node's two cores, so the runtime's thread count shows the pod's quota rather than the node's cores.
+MODEL_CPU = "1"
+MODEL_MEMORY = "3Gi"
 
 _CGROUP = """
 import json, os
@@ -124,7 +135,9 @@ def chart_on_node(kube_cluster, real_node, tmp_path_factory):
     other = restricted_namespace(kube_cluster, f"rn-other-{uuid.uuid4().hex[:6]}")
     values = {
         "operator": {**PLACEMENT, "watchNamespaces": [namespace]},
-        "gateway": {**PLACEMENT, "replicaCount": 1},
+        "gateway": {**PLACEMENT, "replicaCount": 1,
+                    "config": {"tenants": [{"name": "node", "keys": [{"id": "node-key", "sha256": TENANT_KEY_SHA256}],
+                                            "models": ["*"]}]}},
         "redis": {"bundled": {"enabled": False}},
     }
     values_file = tmp_path_factory.mktemp("chart") / "values.json"
@@ -145,6 +158,56 @@ def chart_on_node(kube_cluster, real_node, tmp_path_factory):
                        env=kube_cluster.env, capture_output=True, timeout=180)
         for name in (namespace, other):
             kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def model_on_node(kube_cluster, real_node, chart_on_node, record_testsuite_property):
+    """The embedded model as an InferenceModel in the chart's namespace: its runtime pod in a container on the real
+    node, from the runtime image `make images` built, served through the gateway pod."""
+    namespace, _, _ = chart_on_node
+    load_built_image(real_node, runtime_image(), kube_cluster.log)
+    model = {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel",
+             "metadata": {"name": MODEL, "namespace": namespace},
+             "spec": {"model": {"source": "smollm2"}, "replicas": 1,
+                      "runtime": {"dtype": "float32", "maxModelLen": 1024, "kvCacheMemory": "128Mi"},
+                      "resources": {"cpu": MODEL_CPU, "memory": MODEL_MEMORY, **PLACEMENT}}}
+    started = time.monotonic()
+    kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(model))
+
+    def serving():
+        pods = _model_pods(kube_cluster, namespace)
+        return len(pods) == 1 and ready(pods[0]) and _chat(_gateway_url(kube_cluster, namespace), MODEL) and pods[0]
+
+    try:
+        pod = wait_for(serving, timeout=420, interval=2, what="the model's pod to serve through the gateway")
+    except AssertionError as error:
+        described = kube_cluster.kubectl("describe", "pods", "-n", namespace, "-l",
+                                         f"sluice.dev/inference-model={MODEL}", check=False).stdout
+        logs = kube_cluster.kubectl("logs", "-n", namespace, "-l", f"sluice.dev/inference-model={MODEL}",
+                                    "--tail=40", check=False).stdout
+        raise AssertionError(f"{error}\n{described[-3000:]}\n{logs}") from None
+    record_testsuite_property("real_node_model_serving_s", round(time.monotonic() - started, 1))
+    return pod
+
+
+def _model_pods(kube_cluster, namespace: str) -> list[dict]:
+    return json.loads(kube_cluster.kubectl("get", "pods", "-n", namespace, "-l",
+                                           f"sluice.dev/inference-model={MODEL}", "-o", "json").stdout)["items"]
+
+
+def _gateway_url(kube_cluster, namespace: str) -> str:
+    return f"http://{_pod(kube_cluster, namespace, 'gateway')['status']['podIP']}:8080/v1"
+
+
+def _chat(base_url: str, model: str) -> str | None:
+    """The answer's text, or None while the gateway does not serve `model` yet."""
+    client = openai.OpenAI(base_url=base_url, api_key=TENANT_KEY, max_retries=0, timeout=60)
+    try:
+        answer = client.chat.completions.create(model=model, max_tokens=8,
+                                                messages=[{"role": "user", "content": "Say hello."}])
+    except (openai.APIStatusError, openai.APIConnectionError):
+        return None
+    return answer.choices[0].message.content
 
 
 def _pod(kube_cluster, namespace: str, component: str) -> dict:
@@ -177,14 +240,17 @@ def test_the_gateway_service_answers_by_its_cluster_dns_name(kube_cluster, chart
     assert probe_pod(kube_cluster, other, [name]) == {name: "open"}
 
 
-def test_network_policies_keep_every_other_pod_off_the_metrics_and_operator_ports(kube_cluster, chart_on_node,
-                                                                                 record_property):
+def test_network_policies_keep_every_other_pod_off_the_runtime_metrics_and_operator_ports(
+        kube_cluster, chart_on_node, model_on_node, record_property):
     """Who reaches whom on the enforcing dataplane. A pod that copies the operator's or the gateway's labels
-    would pass their NetworkPolicies, so the chart refuses it at admission, and a ReplicaSet that would make it."""
+    would pass their NetworkPolicies, so the chart refuses it at admission, and a ReplicaSet that would make it.
+    The gateway reaching the runtime is the model serving through it (`model_on_node`)."""
     namespace, other, _ = chart_on_node
     operator, gateway = _pod(kube_cluster, namespace, "operator"), _pod(kube_cluster, namespace, "gateway")
+    runtime = f"{model_on_node['status']['podIP']}:8000"
     targets = {"gateway metrics": f"{gateway['status']['podIP']}:9090",
                "operator health": f"{operator['status']['podIP']}:8081",
+               "runtime api": runtime,
                "gateway api": f"{gateway['status']['podIP']}:8080"}
     matrix = {}
     for client, where in (("pod in another namespace", other), ("pod with no labels", namespace)):
@@ -210,15 +276,161 @@ def test_network_policies_keep_every_other_pod_off_the_metrics_and_operator_port
     forged = [f"{k}={v}" for k, v in operator["metadata"]["labels"].items() if k != "pod-template-hash"]
     relabelled = kube_cluster.kubectl("label", "pod", "relabelled", "-n", namespace, *forged, check=False)
     assert relabelled.returncode != 0 and "is made only by its Deployment" in relabelled.stderr
-    # The operator itself, from inside its own container, to the gateway's metrics (each model's demand).
-    reached = kube_cluster.kubectl(
-        "exec", operator["metadata"]["name"], "-n", namespace, "--", "python3", "-c",
-        f"import socket; socket.create_connection(('{gateway['status']['podIP']}', 9090), timeout=3); print('open')",
-        check=False)
-    matrix["the operator"] = {"gateway metrics": reached.stdout.strip() or reached.stderr.strip()[-200:]}
+    # The operator itself, from inside its own container, to the gateway's metrics (each model's demand) and the
+    # runtime (its metrics and adapters).
+    matrix["the operator"] = {}
+    for target, address in (("gateway metrics", f"{gateway['status']['podIP']}:9090"), ("runtime api", runtime)):
+        host, port = address.split(":")
+        reached = kube_cluster.kubectl(
+            "exec", operator["metadata"]["name"], "-n", namespace, "--", "python3", "-c",
+            f"import socket; socket.create_connection(('{host}', {port}), timeout=3); print('open')", check=False)
+        matrix["the operator"][target] = reached.stdout.strip() or reached.stderr.strip()[-200:]
     record_property("network_policy_matrix", json.dumps(matrix))
-    assert matrix["the operator"]["gateway metrics"] == "open", matrix
+    assert set(matrix["the operator"].values()) == {"open"}, matrix
     for client in ("pod in another namespace", "pod with no labels"):
         seen = matrix[client]
         assert seen["gateway api"] == "open", (client, matrix)
-        assert seen["gateway metrics"] != "open" and seen["operator health"] != "open", (client, matrix)
+        assert {seen["gateway metrics"], seen["operator health"], seen["runtime api"]}.isdisjoint({"open"}), \
+            (client, matrix)
+
+
+_IN_RUNTIME = """
+import json, os
+from sluice_runtime.executor.cpu_budget import usable_cpus
+def read(*paths):
+    for path in paths:
+        try:
+            return int(open(path).read().split()[0])
+        except (OSError, ValueError):
+            pass
+print(json.dumps({
+    "cores": len(os.sched_getaffinity(0)), "threads": usable_cpus(),
+    "peak": read("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak"),
+    "limit": read("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"),
+}))
+"""
+
+
+def test_a_model_pod_serves_from_its_container_within_its_cpu_and_memory_limits(kube_cluster, model_on_node,
+                                                                               record_property):
+    pod = model_on_node
+    assert pod["spec"]["nodeName"] == NODE_NAME
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["containerID"].startswith("containerd://") and status["image"] == runtime_image()
+    namespace = pod["metadata"]["namespace"]
+    url = _gateway_url(kube_cluster, namespace)
+    for _ in range(4):
+        assert _chat(url, MODEL), "the gateway stopped serving the model"
+    seen = json.loads(kube_cluster.kubectl("exec", pod["metadata"]["name"], "-n", namespace, "--", "python3", "-c",
+                                           _IN_RUNTIME).stdout)
+    record_property("runtime_peak_memory_mib", round(seen["peak"] / 2**20))
+    record_property("runtime_memory_limit_mib", round(seen["limit"] / 2**20))
+    # The node has more cores than the pod's quota; torch's threads follow the quota.
+    assert seen["cores"] > int(MODEL_CPU) and seen["threads"] == int(MODEL_CPU), seen
+    assert seen["peak"] < seen["limit"] == 3 * 2**30, seen
+    restarts = _model_pods(kube_cluster, namespace)[0]["status"]["containerStatuses"][0]["restartCount"]
+    assert restarts == 0, "the runtime container restarted (an OOM kill would show here)"
+
+
+_CALL_RUNTIME = """
+import sys, urllib.error, urllib.request
+request = urllib.request.Request(sys.argv[1], headers={"Authorization": "Bearer " + sys.argv[2]})
+try:
+    print(urllib.request.urlopen(request, timeout=5).status)
+except urllib.error.HTTPError as error:
+    print(error.code)
+"""
+
+
+def _credential(kube_cluster, namespace: str) -> tuple[str, str]:
+    secrets = json.loads(kube_cluster.kubectl("get", "secrets", "-n", namespace, "-o", "json").stdout)["items"]
+    (secret,) = [s for s in secrets if s["metadata"]["name"].endswith("-runtime-credential")]
+    api_key = base64.b64decode((secret.get("data") or {}).get("api-key", "")).decode()
+    return secret["metadata"]["name"], api_key
+
+
+def _restarts(kube_cluster, namespace: str) -> dict[str, int]:
+    pods = json.loads(kube_cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    return {p["metadata"]["name"]: sum(c["restartCount"] for c in p["status"].get("containerStatuses", []))
+            for p in pods}
+
+
+def test_a_rotated_runtime_credential_reaches_the_running_runtime_and_gateway(kube_cluster, chart_on_node,
+                                                                            model_on_node, record_property):
+    """The kubelet rewrites the Secret volume (its `..data` swap); the runtime takes the new key (the old one stays
+    valid for the rotation's grace, as the gateway's volume may lag) and the gateway calls with it, neither
+    restarted."""
+    namespace, _, _ = chart_on_node
+    operator = _pod(kube_cluster, namespace, "operator")["metadata"]["name"]
+    models_url = f"http://{model_on_node['status']['podIP']}:8000/v1/models"
+
+    def runtime_answers(key: str) -> str:
+        return kube_cluster.kubectl("exec", operator, "-n", namespace, "--", "python3", "-c", _CALL_RUNTIME,
+                                    models_url, key, check=False).stdout.strip()
+
+    name, old = _credential(kube_cluster, namespace)
+    assert old and runtime_answers(old) == "200"
+    before = _restarts(kube_cluster, namespace)
+    written = time.monotonic()
+    # Removing the release key is the documented rotation: the operator makes a new one and every credential.
+    kube_cluster.kubectl("patch", "secret", name, "-n", namespace, "--type=json",
+                         "-p", json.dumps([{"op": "remove", "path": "/data/release-key"}]))
+    new = wait_for(lambda: (key := _credential(kube_cluster, namespace)[1]) != old and key, timeout=30,
+                   what="the operator to write a new credential")
+    record_property("credential_rewritten_s", round(time.monotonic() - written, 1))
+    assert runtime_answers(new) == "401"
+    wait_for(lambda: runtime_answers(new) == "200", timeout=150, interval=1,
+             what="the runtime to take the new credential")
+    assert runtime_answers(old) == "200", "the replaced credential is refused within its grace"
+    assert runtime_answers(old[::-1]) == "401"
+    record_property("runtime_took_new_credential_s", round(time.monotonic() - written, 1))
+    url = _gateway_url(kube_cluster, namespace)
+    wait_for(lambda: _chat(url, MODEL), timeout=150, interval=1, what="the gateway to call with the new credential")
+    record_property("gateway_took_new_credential_s", round(time.monotonic() - written, 1))
+    assert _restarts(kube_cluster, namespace) == before
+
+
+def test_a_new_model_route_reaches_the_running_gateway(kube_cluster, chart_on_node, model_on_node, record_property):
+    """The operator writes the routing table's ConfigMap; the kubelet swaps the gateway's volume, which reloads it."""
+    namespace, _, _ = chart_on_node
+    url = _gateway_url(kube_cluster, namespace)
+    alias = f"alias-{uuid.uuid4().hex[:6]}"
+    assert _chat(url, alias) is None
+    before = _restarts(kube_cluster, namespace)
+    route = {"apiVersion": "sluice.dev/v1alpha1", "kind": "ModelRoute", "metadata": {"name": alias, "namespace": namespace},
+             "spec": {"model": alias, "backends": [{"inferenceModel": MODEL, "weight": 100}]}}
+    written = time.monotonic()
+    kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(route))
+    wait_for(lambda: _chat(url, alias), timeout=150, interval=1, what=f"the gateway to route {alias}")
+    record_property("route_served_s", round(time.monotonic() - written, 1))
+    assert _restarts(kube_cluster, namespace) == before
+
+
+def test_a_memory_limit_too_small_for_the_model_is_reported_on_the_model(kube_cluster, chart_on_node,
+                                                                       model_on_node, record_property):
+    """The kernel kills the runtime for its cgroup's limit; the InferenceModel says so (Degraded OOMKilled with
+    the limit and what to raise, and a Warning event), rather than leaving a silent crash loop."""
+    namespace, _, _ = chart_on_node
+    name = "too-small"
+    model = {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel",
+             "metadata": {"name": name, "namespace": namespace},
+             "spec": {"model": {"source": "smollm2"}, "replicas": 1,
+                      "runtime": {"dtype": "float32", "maxModelLen": 1024, "kvCacheMemory": "128Mi"},
+                      "resources": {"cpu": "250m", "memory": "512Mi", **PLACEMENT}}}
+    started = time.monotonic()
+    kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(model))
+    try:
+        def degraded():
+            body = json.loads(kube_cluster.kubectl("get", "im", name, "-n", namespace, "-o", "json").stdout)
+            found = [c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == "Degraded"]
+            return found and found[0]["reason"] == "OOMKilled" and found[0]
+
+        condition = wait_for(degraded, timeout=240, interval=2, what="Degraded OOMKilled on the model")
+        record_property("oom_reported_s", round(time.monotonic() - started, 1))
+        assert "512Mi" in condition["message"] and "spec.resources.memory" in condition["message"], condition
+        events = json.loads(kube_cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                                 f"involvedObject.name={name},reason=OOMKilled", "-o",
+                                                 "json").stdout)["items"]
+        assert [e["type"] for e in events] == ["Warning"], events
+    finally:
+        kube_cluster.kubectl("delete", "im", name, "-n", namespace, "--wait=false", check=False)

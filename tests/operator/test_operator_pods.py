@@ -1,6 +1,7 @@
 """One reading of a runtime pod for the router and the autoscaler: a draining pod is still scraped, never sent
 requests; a pod without an address or on its way out is neither."""
-from sluice_operator.pods import base_url, ready, serving, unschedulable_message
+from sluice_operator.builders import Observed, model_status
+from sluice_operator.pods import base_url, oom_killed_message, ready, serving, unschedulable_message
 
 
 def _pod(ip="10.0.0.1", ready_status="True", deleting=False, draining=False, ips=None):
@@ -47,3 +48,30 @@ def test_the_schedulers_message_is_reported():
                                        "message": "0/1 nodes are available: insufficient nvidia.com/gpu"}]}}
     assert unschedulable_message([_pod(), pod]) == "0/1 nodes are available: insufficient nvidia.com/gpu"
     assert unschedulable_message([_pod()]) == ""
+
+
+def _killed(where: str, reason: str = "OOMKilled", memory: str | None = "512Mi") -> dict:
+    container = {"name": "runtime", "resources": {"limits": {"memory": memory}} if memory else {}}
+    status = {"name": "runtime", "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+              where: {"terminated": {"reason": reason, "exitCode": 137}}}
+    return {"metadata": {"name": "m-1"}, "spec": {"containers": [container]},
+            "status": {"containerStatuses": [status]}}
+
+
+def test_a_container_killed_for_its_memory_limit_is_reported_with_the_limit_and_the_fix():
+    for where in ("state", "lastState"):
+        message = oom_killed_message([_pod(), _killed(where)])
+        assert "m-1" in message and "512Mi" in message and "spec.resources.memory" in message, message
+    assert "its memory limit" in oom_killed_message([_killed("lastState", memory=None)])
+    # Other ends are not taken for one: an error exit, a kill by the kubelet, no status yet.
+    assert oom_killed_message([_killed("lastState", reason="Error"), _killed("state", reason="Completed"),
+                               _pod(), {"metadata": {"name": "x"}, "status": None}]) == ""
+
+
+def test_an_oom_killed_replica_degrades_the_model_after_the_schedulers_word():
+    deployment = {"spec": {"replicas": 1}, "status": {"replicas": 1}}
+    status = model_status(Observed("m", 1, deployment, oom_killed="killed: raise spec.resources.memory"), {}, "now")
+    (degraded,) = [c for c in status["conditions"] if c["type"] == "Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "OOMKilled") and "raise" in degraded["message"]
+    both = model_status(Observed("m", 1, deployment, unschedulable="0/1 nodes", oom_killed="killed"), {}, "now")
+    assert [c["reason"] for c in both["conditions"] if c["type"] == "Degraded"] == ["Unschedulable"]

@@ -18,6 +18,7 @@ class Observed:
     deployment: dict[str, Any] | None
     apply_error: tuple[str, str] | None = None  # (reason, message) of the last failed reconcile
     unschedulable: str = ""  # the scheduler's message for a pod it cannot place
+    oom_killed: str = ""  # what to do about a pod killed for its memory limit
     endpoints: int | None = None
 
 
@@ -29,7 +30,8 @@ def _deployment_condition(deployment: dict[str, Any], kind: str) -> dict[str, An
 
 
 def _degraded(observed: Observed, deployment: dict[str, Any]) -> Condition:
-    """The first problem seen, most specific first: our own apply, the scheduler, the Deployment's rollout."""
+    """The first problem seen, most specific first: our own apply, the scheduler, the kernel's OOM killer, the
+    Deployment's rollout."""
     deadline = _deployment_condition(deployment, "Progressing")
     failure = _deployment_condition(deployment, "ReplicaFailure")
     if observed.apply_error:
@@ -38,6 +40,8 @@ def _degraded(observed: Observed, deployment: dict[str, Any]) -> Condition:
     if observed.unschedulable:
         return Condition(type="Degraded", status="True", reason="Unschedulable",
                          message=f"a runtime pod cannot be scheduled: {observed.unschedulable}")
+    if observed.oom_killed:
+        return Condition(type="Degraded", status="True", reason="OOMKilled", message=observed.oom_killed)
     if deadline.get("reason") == "ProgressDeadlineExceeded":
         return Condition(type="Degraded", status="True", reason="ProgressDeadlineExceeded",
                          message=deadline.get("message", "the rollout is stuck"))

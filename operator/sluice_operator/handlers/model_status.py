@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import datetime
 
+import kopf
+
 from ..builders import Observed, controlled_by, model_status, selector_string
 from ..builders.adapter_status import adapters_status
 from ..crd import InferenceModel
-from ..pods import unschedulable_message
+from ..pods import oom_killed_message, unschedulable_message
 from ..state import OperatorState
 from . import inference_pool
 
@@ -28,6 +30,7 @@ async def refresh(state: OperatorState, namespace: str, name: str) -> None:
         deployment=deployment if deployment is not None and controlled_by(deployment, uid) else None,
         apply_error=state.apply_errors.get((namespace, name)),
         unschedulable=unschedulable_message(pods),
+        oom_killed=oom_killed_message(pods),
         endpoints=state.endpoint_counts.get((namespace, name)),
     )
     existing = model.get("status") or {}
@@ -46,6 +49,12 @@ async def refresh(state: OperatorState, namespace: str, name: str) -> None:
         status["lastColdStartSeconds"] = existing["lastColdStartSeconds"]
     if status != existing:
         await state.kube.patch_status(InferenceModel.plural, namespace, name, status)
+    if observed.oom_killed and _degraded_reason(existing) != "OOMKilled":
+        kopf.warn(model, reason="OOMKilled", message=observed.oom_killed)
+
+
+def _degraded_reason(status: dict) -> str | None:
+    return next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == "Degraded"), None)
 
 
 def _adapters(state: OperatorState, namespace: str, name: str, model: dict) -> dict:
