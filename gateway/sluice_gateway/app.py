@@ -49,7 +49,7 @@ from .request import parse_request_off_loop, stop_parser, warm_parser
 from .request_context import RequestContext
 from .response_store import ResponseStore
 from .responses_api import ResponsesAdapter, cancel, delete, stored
-from .routing_table import max_model_len, reachable, starting_models
+from .routing_table import max_model_len, permitted_routes, starting_models
 from .watched_files import WatchedFiles
 
 log = logging.getLogger("sluice_gateway")
@@ -335,7 +335,11 @@ class GatewayApp:
 
         async def hold_then_forward() -> None:
             if models := starting_models(routes):
-                await self.hold.wait(ctx, models, lambda: not starting_models(self._routes(self.table, ctx)), send)
+                def ready() -> bool:  # read against the table in force now: the operator adds the endpoint
+                    return not starting_models(permitted_routes(
+                        self.table, parsed.model, ctx.principal.may_use, ctx.kind, ctx.path))
+
+                await self.hold.wait(ctx, models, ready, send)
             rank = ctx.principal.rank
             await self.priority_hold.wait(rank, self.config.priority, lambda: self.picker.saturated(
                 self.table, parsed.model, ctx.principal.may_use, ctx.kind), model=parsed.model, tenant=ctx.tenant,
@@ -349,31 +353,12 @@ class GatewayApp:
 
     async def _admit(self, ctx: RequestContext, table: RoutingTable) -> list[tuple[str, Route]]:
         """The routes the request may take, once it is known to fit a backend's context and the tenant's limits."""
-        routes = self._routes(table, ctx)
+        routes = permitted_routes(table, ctx.parsed.model, ctx.principal.may_use, ctx.kind, ctx.path)
         context = max_model_len(routes)
         check_context(ctx.parsed, context)  # before any limit: a request that can never fit is not to be retried
         reservation = reserve(ctx.parsed, context, self.config.default_max_tokens)
         await ctx.admission.admit(ctx.principal, reservation, ctx.parsed.payload, ctx.response_headers)
         return routes
-
-    def _routes(self, table: RoutingTable, ctx: RequestContext) -> list[tuple[str, Route]]:
-        """The routes that may serve this tenant's request. 403 comes before 404, so that whether a model
-        exists is told only to keys that may use it."""
-        model, principal = ctx.parsed.model, ctx.principal
-        if not principal.may_use(model):
-            raise GatewayError(403, f"Your key may not use the model '{model}'", param="model",
-                               code="model_not_allowed")
-        routes = reachable(table, model, principal.may_use, ctx.kind)
-        if routes:
-            return routes
-        if others := reachable(table, model, principal.may_use):
-            served = sorted({task for _, route in others for b in route.backends for task in b.capabilities.tasks})
-            raise GatewayError(400, f"The model '{model}' does not serve {ctx.kind} requests ({ctx.path}); it "
-                                    f"serves: {', '.join(served)}", param="model", code="unsupported_task")
-        if table.route(model) is not None:  # it exists, but only behind backends that are models the key may not use
-            raise GatewayError(403, f"Every backend of the model '{model}' is a model your key may not use",
-                               param="model", code="model_not_allowed")
-        raise GatewayError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
 
     async def _until_disconnect(
         self, ctx: RequestContext, work: Callable[[], Awaitable[None]], receive: Any,

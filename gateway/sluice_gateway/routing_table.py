@@ -12,6 +12,8 @@ import yaml
 from sluice_contracts.model_tasks import Task
 from sluice_contracts.routing_table import Route, RoutingTable, RoutingTableError, routing_table_from
 
+from .errors import GatewayError
+
 
 def reachable(table: RoutingTable, public_name: str, allowed: Callable[[str], bool],
               task: Task | None = None) -> list[tuple[str, Route]]:
@@ -43,6 +45,31 @@ def reachable(table: RoutingTable, public_name: str, allowed: Callable[[str], bo
             route = route.model_copy(update={"backends": kept})
         found.append((name, route))
     return found
+
+
+def listed_models(table: RoutingTable, allowed: Callable[[str], bool]) -> list[str]:
+    """The public names `/v1/models` shows a tenant: a name it may use whose every backend is a model it may
+    not use is left out (a request for it would be 403)."""
+    return [n for n in table.public_names() if allowed(n) and reachable(table, n, allowed)]
+
+
+def permitted_routes(table: RoutingTable, model: str, allowed: Callable[[str], bool], task: Task,
+                     path: str) -> list[tuple[str, Route]]:
+    """The routes that may serve a tenant's request for `model`, else the GatewayError saying why. 403 comes
+    before 404, so that whether a model exists is told only to keys that may use it."""
+    if not allowed(model):
+        raise GatewayError(403, f"Your key may not use the model '{model}'", param="model", code="model_not_allowed")
+    routes = reachable(table, model, allowed, task)
+    if routes:
+        return routes
+    if others := reachable(table, model, allowed):
+        served = sorted({task for _, route in others for b in route.backends for task in b.capabilities.tasks})
+        raise GatewayError(400, f"The model '{model}' does not serve {task} requests ({path}); it serves: "
+                                f"{', '.join(served)}", param="model", code="unsupported_task")
+    if table.route(model) is not None:  # it exists, but only behind backends that are models the key may not use
+        raise GatewayError(403, f"Every backend of the model '{model}' is a model your key may not use",
+                           param="model", code="model_not_allowed")
+    raise GatewayError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
 
 
 def starting_models(routes: list[tuple[str, Route]]) -> tuple[str, ...]:
