@@ -34,6 +34,7 @@ from .cold_start_hold import ColdStartHold
 from .config import START_ONLY_FIELDS, GatewayConfig
 from .cost import check_context, reserve
 from .errors import GatewayError
+from .files.gateway_files import WatchedFiles
 from .forwarder import Forwarder, Send
 from .limits import Limiter
 from .limits.memory import MemoryLimiter
@@ -50,7 +51,6 @@ from .request_context import RequestContext
 from .response_store import ResponseStore
 from .responses_api import ResponsesAdapter, cancel, delete, stored
 from .routing_table import max_model_len, permitted_routes, starting_models
-from .watched_files import WatchedFiles
 
 log = logging.getLogger("sluice_gateway")
 

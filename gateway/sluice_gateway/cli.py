@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s", stream=sys.stdout)
     # A config or routing table that cannot be used does not stop the process: it starts not ready and
-    # keeps watching the files (see watched_files.py); only the command line itself can be wrong here.
+    # keeps watching the files (see files/gateway_files.py); only the command line itself can be wrong here.
     app = GatewayApp(args.config, args.routes)
     config = app.config
     host = args.host or config.listen.host

@@ -2,7 +2,7 @@
 import json
 
 from sluice_contracts.routing_table import RoutingTable, RoutingTableError
-from sluice_gateway.followed_file import FollowedFile
+from sluice_gateway.files.kept_in_force import FollowedFile
 from sluice_gateway.routing_table import load_routing_table
 
 TABLE = {"version": 1, "generation": 4, "routes": {"chat": {"backends": [
@@ -10,7 +10,7 @@ TABLE = {"version": 1, "generation": 4, "routes": {"chat": {"backends": [
 
 
 def routes_follower(path, apply, rejected):
-    """The routing table as the gateway follows it (watched_files.py)."""
+    """The routing table as the gateway follows it (files/gateway_files.py)."""
     return FollowedFile("routing table", path, load_routing_table, apply, errors=(RoutingTableError,),
                         without_it="not ready until a valid table arrives", rejected=rejected, when_missing=RoutingTable)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from .file_watch import FileWatch
+from .identity_poll import FileWatch
 
 log = logging.getLogger("sluice_gateway.files")
 

@@ -18,11 +18,11 @@ from pathlib import Path
 from sluice_contracts.routing_table import RoutingTable, RoutingTableError
 from sluice_contracts.runtime_credential import CredentialFileError, read_credential_file
 
-from .config import ConfigError, GatewayConfig, load_config
-from .followed_file import FollowedFile
-from .metrics import GatewayMetrics
-from .routing_table import load_routing_table
-from .upstream_credential import UpstreamCredential
+from ..config import ConfigError, GatewayConfig, load_config
+from ..metrics import GatewayMetrics
+from ..routing_table import load_routing_table
+from ..upstream_credential import UpstreamCredential
+from .kept_in_force import FollowedFile
 
 
 class WatchedFiles:
