@@ -1,7 +1,7 @@
 """One serving path for /v1/chat/completions and /v1/completions: engine outputs to a response or an SSE stream.
 
 What differs between the endpoints (the shape of a choice, of a chunk, what opens a stream) is a
-`ResponseFormat` passed in: `chat_format.ChatFormat` or `completion_format.CompletionFormat`. Choice `index`
+`BodyShape` passed in: `chat_format.ChatFormat` or `completion_format.CompletionFormat`. Choice `index`
 is `prompt * n + choice`, so a /v1/completions request with several prompts numbers its choices as OpenAI does.
 """
 from __future__ import annotations
@@ -36,7 +36,9 @@ class ChunkWriter(Protocol):
         """The entry that carries the choice's finish_reason."""
 
 
-class ResponseFormat(Protocol):
+class BodyShape(Protocol):
+    """How one endpoint (chat or completions) lays out its answer: whole, or as stream chunks."""
+
     id_prefix: str
     chunk_object: str
 
@@ -49,9 +51,9 @@ class ResponseFormat(Protocol):
 
 
 class GenerationServing:
-    def __init__(self, runner: GenerationRunner, response_format: ResponseFormat):
+    def __init__(self, runner: GenerationRunner, shape: BodyShape):
         self._runner = runner
-        self._format = response_format
+        self._format = shape
 
     async def respond(self, greq: GenerationRequest, receive, record: RequestRecord) -> Response:
         outputs = await self._runner.start(greq, receive, record)
