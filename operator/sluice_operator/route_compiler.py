@@ -76,40 +76,14 @@ def compile_routes(
 ) -> Compiled:
     """Every InferenceModel is routable under its own name, and each of its adapters under the adapter's; each
     ModelRoute adds its public name on top."""
-    table: dict[str, Route] = {
-        name: Route(affinity="prefix", backends=(_backend(name, spec, 1, endpoints),))
-        for name, spec in sorted(models.items())
-    }
-    conflicts: dict[tuple[str, str], str] = {}
-    adapter_owner: dict[str, str] = {}
-    for name, spec in sorted(models.items()):
-        for adapter in _declared(spec):
-            if adapter in table:
-                holder = adapter_owner.get(adapter)
-                conflicts[(name, adapter)] = (f"the name {adapter!r} is already the adapter of InferenceModel {holder!r}"
-                                              if holder else f"the name {adapter!r} is already an InferenceModel's")
-                continue
-            adapter_owner[adapter] = name
-            table[adapter] = Route(affinity="prefix",
-                                   backends=(_backend(name, spec, 1, endpoints, adapter, loaded),))
+    table, adapter_owner, conflicts = _model_routes(models, endpoints, loaded)
     verdicts: dict[str, RouteVerdict] = {}
-    owners: dict[str, str] = {}
-    pending_fallbacks: dict[str, tuple[str, list[str]]] = {}
+    owners: dict[str, str] = {}  # public name → the ModelRoute serving it
+    missing_of: dict[str, list[str]] = {}  # ModelRoute → its backends that do not exist
     for route_name, spec in sorted(routes.items()):
-        holder = (f"InferenceModel {spec.model!r}'s own name" if spec.model in models
-                  else f"the adapter {spec.model!r} of InferenceModel {adapter_owner[spec.model]!r}"
-                  if spec.model in adapter_owner else None)
-        if holder is not None:
-            verdicts[route_name] = RouteVerdict(
-                False, "NameConflict",
-                f"public model name {spec.model!r} is {holder}, which keeps it; give the route another name", 0, 0,
-            )
-            continue
-        if spec.model in owners:
-            verdicts[route_name] = RouteVerdict(
-                False, "NameConflict",
-                f"public model name {spec.model!r} is already served by ModelRoute {owners[spec.model]!r}", 0, 0,
-            )
+        refusal = _name_taken(spec.model, models, adapter_owner, owners)
+        if refusal is not None:
+            verdicts[route_name] = RouteVerdict(False, "NameConflict", refusal, 0, 0)
             continue
         missing = [_backend_label(b) for b in spec.backends
                    if b.inference_model not in models
@@ -127,17 +101,54 @@ def compile_routes(
             continue
         owners[spec.model] = route_name
         table[spec.model] = Route(affinity=spec.affinity, backends=backends)
-        pending_fallbacks[route_name] = (spec.model, missing)
-    for route_name, (public_name, missing) in pending_fallbacks.items():
+        missing_of[route_name] = missing
+    # Fallbacks are linked once every public name is known, so a route may fall back on one compiled after it.
+    for route_name, missing in missing_of.items():
         spec = routes[route_name]
-        unknown = [f for f in spec.fallbacks if f not in table]
-        route = table[public_name]
-        fallbacks = tuple(f for f in spec.fallbacks if f in table)
-        table[public_name] = route.model_copy(update={"fallbacks": fallbacks})
-        verdicts[route_name] = _verdict(route.backends, missing, unknown)
+        route = table[spec.model]
+        table[spec.model] = route.model_copy(update={"fallbacks": tuple(f for f in spec.fallbacks if f in table)})
+        verdicts[route_name] = _verdict(route.backends, missing, [f for f in spec.fallbacks if f not in table])
     compiled = RoutingTable(generation=0, routes=dict(sorted(table.items())))
     generation = _next_generation(previous, compiled)
     return Compiled(compiled.model_copy(update={"generation": generation}), verdicts, conflicts)
+
+
+def _model_routes(models: Mapping[str, InferenceModelSpec], endpoints: Mapping[str, list[str]],
+                  loaded: Loaded | None) -> tuple[dict[str, Route], dict[str, str], dict[tuple[str, str], str]]:
+    """Each model's own route and its adapters' (models in name order, a taken name left out): the routes, each
+    adapter's model, and why each left-out adapter is."""
+    table: dict[str, Route] = {
+        name: Route(affinity="prefix", backends=(_backend(name, spec, 1, endpoints),))
+        for name, spec in sorted(models.items())
+    }
+    conflicts: dict[tuple[str, str], str] = {}
+    adapter_owner: dict[str, str] = {}
+    for name, spec in sorted(models.items()):
+        for adapter in _declared(spec):
+            if adapter in table:
+                holder = adapter_owner.get(adapter)
+                conflicts[(name, adapter)] = (f"the name {adapter!r} is already the adapter of InferenceModel {holder!r}"
+                                              if holder else f"the name {adapter!r} is already an InferenceModel's")
+                continue
+            adapter_owner[adapter] = name
+            table[adapter] = Route(affinity="prefix",
+                                   backends=(_backend(name, spec, 1, endpoints, adapter, loaded),))
+    return table, adapter_owner, conflicts
+
+
+def _name_taken(public_name: str, models: Mapping[str, InferenceModelSpec], adapter_owner: Mapping[str, str],
+                owners: Mapping[str, str]) -> str | None:
+    """Why a ModelRoute may not serve `public_name` (a model or an adapter keeps its name, the first route its
+    own), or None."""
+    if public_name in models:
+        return (f"public model name {public_name!r} is InferenceModel {public_name!r}'s own name, which keeps it; "
+                f"give the route another name")
+    if public_name in adapter_owner:
+        return (f"public model name {public_name!r} is the adapter {public_name!r} of InferenceModel "
+                f"{adapter_owner[public_name]!r}, which keeps it; give the route another name")
+    if public_name in owners:
+        return f"public model name {public_name!r} is already served by ModelRoute {owners[public_name]!r}"
+    return None
 
 
 def _backend_label(backend: Any) -> str:
