@@ -16,6 +16,21 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
 
     run = commands.add_parser("run", help="reconcile InferenceModels and ModelRoutes (the default)")
+    _placement_flags(run)
+    _network_policy_flags(run)
+    _model_flags(run)
+    _pool_flags(run)
+    _scale_to_zero_flags(run)
+    run.add_argument("--verbose", action="store_true", help="debug logging")
+
+    crds = commands.add_parser("crds", help="write crds/*.yaml from the pydantic models")
+    crds.add_argument("--out", type=Path, default=Path("crds"), help="directory to write into")
+    crds.add_argument("--check", action="store_true", help="only report whether the files are up to date")
+    return parser
+
+
+def _placement_flags(run: argparse.ArgumentParser) -> None:
+    """Where the operator watches, how its replicas share the work, and the release it serves."""
     run.add_argument(
         "--namespace", action="append", default=[],
         help="watch only this namespace (repeatable); all namespaces when omitted",
@@ -41,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                           "owned by the release, for helm to adopt")
     run.add_argument("--release-namespace", type=_dns_label, default=None,
                      help="the namespace the release's operator and gateway run in (needed with --release)")
+
+
+def _network_policy_flags(run: argparse.ArgumentParser) -> None:
+    """The peers the runtime pods' NetworkPolicy admits."""
     policy = run.add_argument_group(
         "runtime NetworkPolicy", "with --release, the two peer flags together: NetworkPolicy RELEASE-runtime in every "
         "namespace served admits only these peers to runtime pods")
@@ -52,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="labels of the namespaces whose pods scrape runtime pods' /metrics (optional)")
     policy.add_argument("--network-policy-monitoring-pods", type=_labels, metavar="K=V,...",
                         help="labels of the scraper's pods in those namespaces (optional; any pod there without it)")
+
+
+def _model_flags(run: argparse.ArgumentParser) -> None:
+    """The images models run and may name."""
     run.add_argument("--engine-image", type=_engine_image, action="append", default=[], metavar="ENGINE=IMAGE",
                      help="the image of an engine (sluice, vllm, sglang) for models whose runtime.image is unset "
                           "(repeatable; default: the pinned images in the CRD's description)")
@@ -63,6 +86,10 @@ def _parser() -> argparse.ArgumentParser:
     models.add_argument("--guard-image", default=None, metavar="IMAGE",
                         help="the image holding sluice-engine-guard (the operator's own), put in front of vLLM and "
                              "SGLang pods that check the runtime credential (with --release)")
+
+
+def _pool_flags(run: argparse.ArgumentParser) -> None:
+    """InferencePools for the Gateway API Inference Extension."""
     pools = run.add_argument_group(
         "InferencePools", "Gateway API Inference Extension pools (inference.networking.k8s.io/v1) of runtime pods")
     pools.add_argument("--inference-pools", action="store_true",
@@ -71,6 +98,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="the endpoint picker Service the pools name (port default 9002), where a spec names none")
     pools.add_argument("--endpoint-picker-failure-mode", choices=["FailOpen", "FailClose"], default="FailClose",
                        help="what a gateway does when that picker does not answer")
+
+
+def _scale_to_zero_flags(run: argparse.ArgumentParser) -> None:
+    """The gateway replicas whose demand wakes a model at zero."""
     zero = run.add_argument_group(
         "scale to zero", "with --release, the gateway replicas whose /metrics report each model's demand: held "
         "requests bring a model at zero back, and its idle clock starts from the last request any of them saw "
@@ -80,12 +111,6 @@ def _parser() -> argparse.ArgumentParser:
     zero.add_argument("--gateway-metrics-port", type=_port, default=9090, help="the gateways' metrics port")
     zero.add_argument("--demand-interval", type=_interval, default=0.5,
                       help="seconds between readings of the gateways' demand (0.05 to 10)")
-    run.add_argument("--verbose", action="store_true", help="debug logging")
-
-    crds = commands.add_parser("crds", help="write crds/*.yaml from the pydantic models")
-    crds.add_argument("--out", type=Path, default=Path("crds"), help="directory to write into")
-    crds.add_argument("--check", action="store_true", help="only report whether the files are up to date")
-    return parser
 
 
 def _dns_label(value: str) -> str:
