@@ -168,51 +168,7 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
     `images`: the release's image per engine, where the spec names none; `start`: the adapters the pods start
     with (the spec's when None); `guard_image`: the engine guard's, for vLLM and SGLang pods with a credential."""
     start = list(spec.adapters or []) if start is None else start
-    mount = model_mount(spec)
-    volumes, mounts = writable_volumes()
-    volumes += mount.volumes
-    mounts += mount.mounts
-    claim_volumes, claim_mounts = adapter_volumes([*start, *(spec.adapters or [])])
-    volumes += claim_volumes
-    mounts += claim_mounts
-    command = _engine_command(owner.name, spec, mount, credential_secret)
-    lora_command(spec, start, command)
-    sidecars = []
-    if command.credential_file or command.guarded:
-        volume, volume_mount = _credential_volume(credential_secret)
-        volumes.append(volume)
-        if command.credential_file:
-            mounts.append(volume_mount)
-        else:
-            if guard_image is None:
-                raise NoGuardImage(f"engine {spec.runtime.engine} checks the runtime credential through the engine "
-                                   f"guard, and the operator was given no --guard-image")
-            sidecars.append(_guard_container(guard_image, spec.runtime.image_pull_policy, volume_mount))
-    if spec.tensor_parallel_size > 1:
-        # Tensor-parallel workers exchange activations through shared memory.
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    env = [
-        _POD_IP,
-        *writable_env(),
-        {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu))},
-        *command.env,
-    ]
-    container = _container(spec, engine_image(spec, images), command, env, mounts)
-    pod_spec = _pod_spec(spec, [container, *sidecars], volumes)
-    template = {
-        "metadata": {
-            # Ours last: a user label cannot detach the pods from their selector.
-            "labels": {**spec.pod_labels, **labels(owner.name)},
-            "annotations": {
-                **spec.pod_annotations,
-                "prometheus.io/scrape": "true",
-                "prometheus.io/port": str(RUNTIME_PORT),
-                "prometheus.io/path": "/metrics",
-            },
-        },
-        "spec": pod_spec,
-    }
+    template = _pod_template(owner, spec, credential_secret, images, start, guard_image)
     metadata = owner.metadata()
     metadata["annotations"] = {GENERATION_ANNOTATION: str(owner.generation),
                                TEMPLATE_DIGEST_ANNOTATION: template_digest(template)}
@@ -233,6 +189,61 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
             "template": template,
         },
     }
+
+
+def _pod_template(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None,
+                  images: Mapping[str, str] | None, start: list[Adapter], guard_image: str | None) -> dict[str, Any]:
+    mount = model_mount(spec)
+    volumes, mounts = writable_volumes()
+    volumes += mount.volumes
+    mounts += mount.mounts
+    claim_volumes, claim_mounts = adapter_volumes([*start, *(spec.adapters or [])])
+    volumes += claim_volumes
+    mounts += claim_mounts
+    command = _engine_command(owner.name, spec, mount, credential_secret)
+    lora_command(spec, start, command)
+    sidecars = _credential(spec, command, credential_secret, guard_image, volumes, mounts)
+    if spec.tensor_parallel_size > 1:
+        # Tensor-parallel workers exchange activations through shared memory.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    env = [
+        _POD_IP,
+        *writable_env(),
+        {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu))},
+        *command.env,
+    ]
+    container = _container(spec, engine_image(spec, images), command, env, mounts)
+    return {
+        "metadata": {
+            # Ours last: a user label cannot detach the pods from their selector.
+            "labels": {**spec.pod_labels, **labels(owner.name)},
+            "annotations": {
+                **spec.pod_annotations,
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(RUNTIME_PORT),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": _pod_spec(spec, [container, *sidecars], volumes),
+    }
+
+
+def _credential(spec: InferenceModelSpec, command: EngineCommand, credential_secret: str | None, guard_image: str | None,
+                volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mounts the runtime credential where the pod checks it (the runtime itself, or the engine guard in front of
+    vLLM and SGLang); returns the sidecars that takes."""
+    if not (command.credential_file or command.guarded):
+        return []
+    volume, volume_mount = _credential_volume(credential_secret)
+    volumes.append(volume)
+    if command.credential_file:
+        mounts.append(volume_mount)
+        return []
+    if guard_image is None:
+        raise NoGuardImage(f"engine {spec.runtime.engine} checks the runtime credential through the engine "
+                           f"guard, and the operator was given no --guard-image")
+    return [_guard_container(guard_image, spec.runtime.image_pull_policy, volume_mount)]
 
 
 def build_deployment_for(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None,
