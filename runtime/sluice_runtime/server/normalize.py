@@ -12,14 +12,22 @@ from dataclasses import dataclass
 from sluice_contracts.request_cost import RequestCost
 from sluice_runtime.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 
-from . import json_limits
 from .capabilities import ModelCapabilities
+from .chat_messages import ChatRenderer
 from .chat_template import ChatTemplate
 from .errors import APIError, invalid_request, model_not_found
-from .protocol import (ChatCompletionRequest, ChatMessage, CompletionRequest, EmbeddingRequest,
-                       NamedToolChoice, RerankRequest, ResponseFormat, Tool, TokenizeRequest)
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    NamedToolChoice,
+    RerankRequest,
+    ResponseFormat,
+    TokenizeRequest,
+    Tool,
+)
 from .structured_output import GrammarCompiler
-from .tool_calls import CALL_CLOSE, render_call, tools_system_prompt
+from .tool_calls import CALL_CLOSE
 
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
@@ -30,8 +38,6 @@ MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's bound on the tokens one request may bia
 # OpenAI's limits on one embeddings request: inputs in the list, and tokens summed over them.
 MAX_EMBEDDING_INPUTS = 2048
 MAX_EMBEDDING_TOKENS = 300_000
-_IMAGE_PARTS = {"image_url", "input_image", "image"}
-_OTHER_MEDIA_PARTS = {"input_audio", "audio", "file", "video", "video_url"}
 
 
 @dataclass
@@ -72,7 +78,7 @@ class RequestNormalizer:
                  grammars: GrammarCompiler, served_names: list[str], vocab_size: int,
                  lora_names: Callable[[], Collection[str]] = tuple):
         self._tokenizer = tokenizer
-        self._template = template
+        self._messages = ChatRenderer(template, capabilities)
         self._caps = capabilities
         self._grammars = grammars
         self._served_names = served_names
@@ -99,7 +105,7 @@ class RequestNormalizer:
             raise invalid_request(f"The model `{body.model}` has no chat template; use /v1/completions.",
                                   code="no_chat_template")
         tool_use = self._tool_use(body)
-        text = self._render(body.messages, tool_use)
+        text = self._messages.render(body.messages, tool_use.tools if tool_use else None)
         prompt = self._encode(text, False, "messages")
         self._check_context(len(prompt), cost, "messages")
         if body.top_logprobs is not None and not body.logprobs:
@@ -185,7 +191,7 @@ class RequestNormalizer:
         if (body.prompt is None) == (body.messages is None):
             raise invalid_request("Send exactly one of prompt or messages.", param="prompt")
         if body.messages is not None:
-            text = self._render(body.messages, None)
+            text = self._messages.render(body.messages, None)
             return self._tokenizer.encode(text, add_special_tokens=False)
         return self._tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
 
@@ -196,92 +202,6 @@ class RequestNormalizer:
                                   code="invalid_token_id")
 
     # --- messages and tools -----------------------------------------------------------------------
-
-    def _render(self, messages: list[ChatMessage], tool_use: ToolUse | None) -> str:
-        if not messages:
-            raise invalid_request("messages must contain at least one message.", param="messages")
-        converted = self._template_messages(messages)
-        tools = None
-        if tool_use is not None:
-            if self._template.renders_tools:
-                tools = [t.model_dump(exclude_none=True) for t in tool_use.tools]
-            elif converted[0]["role"] == "system":
-                converted[0] = {"role": "system",
-                                "content": tools_system_prompt(tool_use.tools) + "\n\n" + converted[0]["content"]}
-            else:
-                converted.insert(0, {"role": "system", "content": tools_system_prompt(tool_use.tools)})
-        return self._template.render(converted, tools)
-
-    def _template_messages(self, messages: list[ChatMessage]) -> list[dict]:
-        out: list[dict] = []
-        open_calls: set[str] | None = None
-        for i, message in enumerate(messages):
-            text = self._text(message, i)
-            where = f"messages[{i}]"
-            if message.role == "tool":
-                if open_calls is None:
-                    raise invalid_request(f"{where}: a 'tool' message must follow an assistant message with "
-                                          "tool_calls.", param=where, code="invalid_role_order")
-                if not message.tool_call_id:
-                    raise invalid_request(f"{where}: a 'tool' message needs tool_call_id.",
-                                          param=f"{where}.tool_call_id")
-                if open_calls and message.tool_call_id not in open_calls:
-                    raise invalid_request(f"{where}: tool_call_id {message.tool_call_id!r} answers no call of "
-                                          "the preceding assistant message.", param=f"{where}.tool_call_id",
-                                          code="invalid_role_order")
-                out.append({"role": "tool", "content": text or "", "tool_call_id": message.tool_call_id})
-                continue
-            open_calls = None
-            if message.role == "assistant":
-                if text is None and not message.tool_calls:
-                    raise invalid_request(f"{where}: an assistant message needs content or tool_calls.",
-                                          param=f"{where}.content")
-                out.append(self._assistant_turn(text, message, where))
-                if message.tool_calls:
-                    open_calls = {c.id for c in message.tool_calls if c.id}
-                continue
-            if text is None:
-                raise invalid_request(f"{where}: a '{message.role}' message needs content.",
-                                      param=f"{where}.content")
-            # Templates know system, user and assistant; 'developer' is OpenAI's newer name for system.
-            out.append({"role": "system" if message.role == "developer" else message.role, "content": text})
-        return out
-
-    def _assistant_turn(self, text: str | None, message: ChatMessage, where: str) -> dict:
-        calls = message.tool_calls or []
-        arguments = [_arguments(c.function.arguments, f"{where}.tool_calls[{j}].function.arguments")
-                     for j, c in enumerate(calls)]
-        if self._template.renders_tools and calls:
-            return {"role": "assistant", "content": text or "",
-                    "tool_calls": [{"type": "function", "id": c.id,
-                                    "function": {"name": c.function.name, "arguments": args}}
-                                   for c, args in zip(calls, arguments)]}
-        parts = ([text] if text else []) + [render_call(c.function.name, args) for c, args in zip(calls, arguments)]
-        return {"role": "assistant", "content": "\n".join(parts)}
-
-    def _text(self, message: ChatMessage, index: int) -> str | None:
-        content = message.content
-        if content is None or isinstance(content, str):
-            return content
-        pieces = []
-        for j, part in enumerate(content):
-            where = f"messages[{index}].content[{j}]"
-            if part.type == "text":
-                if part.text is None:
-                    raise invalid_request(f"{where}: a text part needs 'text'.", param=where)
-                pieces.append(part.text)
-            elif part.type in _IMAGE_PARTS:
-                if not self._caps.vision:
-                    raise invalid_request(f"{where}: this model reads text only and cannot take images.",
-                                          param=where, code="unsupported_content")
-                raise invalid_request(f"{where}: image input is not implemented.", param=where,
-                                      code="unsupported_content")
-            elif part.type in _OTHER_MEDIA_PARTS:
-                raise invalid_request(f"{where}: this model reads text only and cannot take {part.type} input.",
-                                      param=where, code="unsupported_content")
-            else:
-                raise invalid_request(f"{where}: unknown content part type {part.type!r}.", param=where)
-        return "\n".join(pieces)
 
     def _tool_use(self, body: ChatCompletionRequest) -> ToolUse | None:
         tools, choice = body.tools or [], body.tool_choice
@@ -440,13 +360,3 @@ class RequestNormalizer:
     @staticmethod
     def _include_usage(body) -> bool:
         return bool(body.stream and body.stream_options and body.stream_options.include_usage)
-
-
-def _arguments(text: str, param: str):
-    """A call's arguments as sent back to the model: parsed when they are JSON, else the text as it is."""
-    try:
-        return json_limits.loads(text) if text else {}
-    except json.JSONDecodeError:
-        return text
-    except json_limits.UnsafeJSON as exc:
-        raise invalid_request(f"{param}: {exc}", param=param, code=exc.code) from None
