@@ -45,7 +45,7 @@ run: install
 
 # ruff (pyproject.toml [tool.ruff]) over the paths already clean, and mypy ([tool.mypy]) on the contracts and the
 # gateway; LINT_PATHS widens as the rest of the tree is brought to the rules.
-LINT_PATHS := contracts gateway locks docs tests/contracts tests/gateway tests/docs
+LINT_PATHS := contracts gateway runtime/sluice_runtime/server locks docs tests/contracts tests/gateway tests/server tests/docs
 lint: install
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy

@@ -5,6 +5,7 @@ import time
 import httpx
 import openai
 import pytest
+
 from fixtures.runtime_server import _command, start_runtime_server
 
 pytestmark = pytest.mark.integration

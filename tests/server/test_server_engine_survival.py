@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+
 from fixtures.lora import build_lora
 from fixtures.runtime_server import start_runtime_server
 

@@ -7,6 +7,7 @@ import time
 import httpx
 import openai
 import pytest
+
 from sluice_contracts.http_bounds import MAX_HEADER_BYTES, MAX_HEADER_COUNT, MAX_REQUEST_LINE_BYTES
 
 pytestmark = pytest.mark.integration

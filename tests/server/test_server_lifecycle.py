@@ -11,6 +11,7 @@ import time
 import httpx
 import openai
 import pytest
+
 from fixtures.runtime_server import start_runtime_server
 
 pytestmark = pytest.mark.integration

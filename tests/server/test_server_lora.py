@@ -6,6 +6,7 @@ import shutil
 import httpx
 import openai
 import pytest
+
 from fixtures.lora import MAX_TOKENS, QUESTIONS, build_lora
 from fixtures.runtime_server import start_runtime_server
 

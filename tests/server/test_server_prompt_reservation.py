@@ -5,6 +5,7 @@ import json
 import httpx
 import openai
 import pytest
+
 from sluice_contracts import prompt_reservation
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fixtures.runtime_server import _command, as_user, start_runtime_server
 from openai import OpenAI
+
+from fixtures.runtime_server import _command, as_user, start_runtime_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

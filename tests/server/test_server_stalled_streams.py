@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+
 from fixtures.runtime_server import start_runtime_server
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from sluice_contracts.load_report import LoadReport, PrefixCacheStats
 from sluice_contracts.runtime_flags import LORA_NAME_PATTERN, lora_name_message
 from sluice_runtime.engine.errors import EngineDead, EngineError
 from sluice_runtime.engine.lora_registry import LoraNotFound
+from sluice_runtime.metrics import RuntimeMetrics
 from sluice_runtime.models.lora_adapter import AdapterError
 from sluice_runtime.sampling_params import SamplingParams
-from sluice_runtime.metrics import RuntimeMetrics
 
 from .capabilities import ModelCapabilities
 from .chat_format import ChatFormat
@@ -33,9 +33,22 @@ from .middleware import RequestContextMiddleware
 from .normalize import RequestNormalizer
 from .pooling import PoolingServing
 from .priority_headers import apply_priority_headers
-from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, DetokenizeResponse,
-                       EmbeddingRequest, EmbeddingResponse, LoadLoraAdapterRequest, ModelCard, ModelList,
-                       RerankRequest, RerankResponse, TokenizeRequest, TokenizeResponse, UnloadLoraAdapterRequest)
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    LoadLoraAdapterRequest,
+    ModelCard,
+    ModelList,
+    RerankRequest,
+    RerankResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    UnloadLoraAdapterRequest,
+)
 from .request_body import off_loop_if_large, read_json, request_cost, validated
 from .reservation import check_reservation, reserved_prompt_tokens
 from .serving import GenerationServing

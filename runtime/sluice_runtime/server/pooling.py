@@ -14,8 +14,17 @@ from sluice_runtime.engine.errors import EngineError
 
 from .disconnect import ClientDisconnected, until_disconnected
 from .generation import engine_error
-from .protocol import (EmbeddingData, EmbeddingRequest, EmbeddingResponse, RerankDocument, RerankRequest,
-                       RerankResponse, RerankResult, RerankUsage, Usage)
+from .protocol import (
+    EmbeddingData,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    RerankUsage,
+    Usage,
+)
 
 
 class PoolingServing:
