@@ -16,6 +16,8 @@ AUTO, OFF = "auto", "off"  # --target-itl-ms modes besides milliseconds
 
 # The names executor.attention.BACKENDS accepts, repeated so parsing flags does not import torch.
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
+# --quantization methods, vLLM's names (executor/int8_linear.py).
+QUANTIZATIONS = ("int8",)
 # How /v1/embeddings turns a prompt's final hidden states into one vector (then L2-normalized).
 POOLINGS = ("mean", "last")
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -57,6 +59,10 @@ class EngineConfig:
     dtype: str = flag("float32", "weights, activations and KV cache; auto: bfloat16 where the hardware computes it "
                                  "natively (CUDA, CPUs with AVX512-BF16 or AMX), else float32 (float16 on old GPUs)",
                       choices=DTYPES)
+    quantization: str | None = flag(
+        None, "int8: linear weights and embedding tables in int8 with a scale per output channel; on x86 CPUs "
+              "with AVX-512 VNNI activations are quantized per call too (int8 x int8 matmuls), elsewhere the "
+              "weights are widened per call (default: the --dtype weights)", choices=QUANTIZATIONS)
     device: str = flag("cpu", "cpu or cuda[:N]")
     # Rounded up to what the attention backend reads (a multiple of 256 tokens for flash-attn).
     block_size: int = flag(16, "tokens per KV-cache block, a power of two up to 256 (rounded up to a multiple of "
@@ -133,6 +139,13 @@ class EngineConfig:
             (self.max_loras in MAX_LORAS, MAX_LORAS.message(self.max_loras)),
             (self.max_lora_rank in MAX_LORA_RANK, MAX_LORA_RANK.message(self.max_lora_rank)),
             (self.enable_lora or not self.lora, "--lora needs --enable-lora"),
+            (self.quantization is None or self.quantization in QUANTIZATIONS,
+             f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"),
+            # A row-parallel layer's int8 forward would need the all-reduce of its float one.
+            (self.quantization is None or self.tensor_parallel_size == 1,
+             "--quantization is not supported with --tensor-parallel-size above 1"),
+            # Adapters are trained on float weights, and their deltas would be added to the int8 layers' error.
+            (self.quantization is None or not self.enable_lora, "--quantization is not supported with --enable-lora"),
         ]
         for ok, message in checks:
             if not ok:

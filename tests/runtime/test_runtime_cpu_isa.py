@@ -94,10 +94,10 @@ def test_the_decode_kernel_built_is_the_one_the_level_names():
     assert native_cpu.kernel_name().startswith(expected)
 
 
-# Everything that takes a CPU-level path: kernels, fused layers, linears, a bfloat16 model end to end.
+# Everything that takes a CPU-level path: kernels, fused layers, linears (int8 too), a bfloat16 model end to end.
 FORCED_CHECKS = ["tests/runtime/test_runtime_cpu_isa.py::test_the_decode_kernel_built_is_the_one_the_level_names",
                  "tests/runtime/test_runtime_native_attention.py", "tests/runtime/test_runtime_fused_cpu.py",
-                 "tests/runtime/test_runtime_packed_linear.py",
+                 "tests/runtime/test_runtime_packed_linear.py", "tests/runtime/test_runtime_quantization.py",
                  "tests/runtime/test_runtime_greedy_parity.py::test_bfloat16_runs_and_agrees_on_an_easy_answer"]
 
 

@@ -19,10 +19,8 @@ prompts, wide rows) run dearer than it says and decode-only steps cheaper, so st
 the target. A step with chunks is therefore predicted as the line's prediction times the measured
 over predicted ratio of the last few such steps.
 
-With no decode running there is nothing to protect and the chunks share the whole token budget;
-the scheduler also exempts prompts that no decode's client waits on (scheduler: no streamed
-request decoding, and the prompt arrived with the decoding requests) and long prompts beside
-only long prompts' streams.
+With no decode running there is nothing to protect and the chunks share the whole token budget.
+Which other steps the budget leaves alone is the scheduler's policy (its module docstring).
 A step's first chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a
 target that the decodes alone already exceed, and later ones are not cut smaller either (unless
 that finishes their prompt). The price is throughput where a step's fixed cost is

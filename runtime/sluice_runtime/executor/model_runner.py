@@ -24,6 +24,7 @@ from ..models.llama import LlamaForCausalLM
 from ..model_load_error import ModelLoadError
 from ..models.weights import load_weights
 from ..layers import fused_cpu
+from . import int8_linear
 from .packed_linear import prepare_linears
 from . import distributed
 from .cpu_budget import usable_cpus
@@ -82,7 +83,7 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, model_dir: Path, config: EngineConfig, rank: int = 0, port: int | None = None):
-        self.config = config
+        self.engine_config = config
         self.rank = rank
         self.cfg = ModelConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
         self.max_model_len = config.max_model_len or self.cfg.max_position_embeddings
@@ -116,15 +117,38 @@ class ModelRunner:
             raise
 
     def _start(self, model_dir: Path, port: int | None) -> None:
-        config = self.config
         if self.tp.size > 1:
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            else:
-                # The ranks share this machine's cores; each would otherwise start a thread per core.
-                torch.set_num_threads(max(1, usable_cpus() // self.tp.size))
-            distributed.init_process_group(self.rank, self.tp.size, port, self.device)
-        torch.manual_seed(config.seed)
+            self._join_ranks(port)
+        torch.manual_seed(self.engine_config.seed)
+        self.model = self._load_model(model_dir)
+        # Embeddings run without a KV cache, which only the reference backend handles.
+        self.reference_backend = TorchAttentionBackend()
+        # Counted before quantization, which unties a tied LM head from its embedding.
+        self.num_parameters = sum(p.numel() for p in self.model.parameters())
+        self.weight_bytes, self.linears = self._prepare_weights(model_dir)
+        # Wrapped before the KV cache is sized and graphs are captured, so both count the slots.
+        self.lora = (LoraSlots(self.model, self.cfg, self.engine_config.max_loras, self.engine_config.max_lora_rank)
+                     if self.engine_config.enable_lora else None)
+        self.backend = select_backend(self.device, self.engine_config.attention_backend, self.dtype, self.cfg.head_dim)
+        use_graphs = self._allocate_kv_cache()
+        self.graphs = self._capture_graphs() if use_graphs else None
+        self.sampler = Sampler(self.engine_config.seed)
+        self.device_sampler = (DeviceSampler(self.sampler, self.device, self.engine_config.seed)
+                               if self.device.type == "cuda" else None)
+        if self.rank == 0:
+            self._log_start(self.linears)
+
+    # -- start-up -----------------------------------------------------------------------------------
+
+    def _join_ranks(self, port: int | None) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        else:
+            # The ranks share this machine's cores; each would otherwise start a thread per core.
+            torch.set_num_threads(max(1, usable_cpus() // self.tp.size))
+        distributed.init_process_group(self.rank, self.tp.size, port, self.device)
+
+    def _load_model(self, model_dir: Path) -> LlamaForCausalLM:
         with torch.device("meta"):
             model = LlamaForCausalLM(self.cfg, self.max_model_len, self.tp)
         model = model.to_empty(device=self.device).to(self.dtype)
@@ -139,45 +163,62 @@ class ModelRunner:
         except ModelLoadError as exc:
             error = str(exc)
         self._agree(error)
-        self.model = model.eval()
+        return model.eval()
+
+    def _prepare_weights(self, model_dir: Path) -> tuple[int, str | None]:
+        """Quantizes the weights (--quantization) or packs them for this CPU; returns the weights' resident
+        bytes and how the linears compute."""
+        plain = self._resident_bytes()
+        if self.engine_config.quantization == "int8":
+            kernel = int8_linear.choose_kernel(self.device, self.cpu_paths.level if self.cpu_paths else None)
+            peaks = None
+            if kernel == int8_linear.DYNAMIC:
+                with torch.inference_mode(), int8_linear.input_peaks(self.model) as peaks:
+                    self.model.logits(self._embed([int8_linear.calibration_ids(model_dir)]))
+            stored = int8_linear.quantize_model(self.model, kernel, peaks)
+            return self._resident_bytes() + stored, kernel
         linears = None
         if self.cpu_paths is not None:
             linears, _ = prepare_linears(self.model, {torch.bfloat16: self.cpu_paths.onednn_bf16,
                                                       torch.float16: self.cpu_paths.onednn_fp16,
                                                       torch.float32: self.cpu_paths.onednn_fp32})
-        self.num_parameters = sum(p.numel() for p in self.model.parameters())
-        # Wrapped before the KV cache is sized and graphs are captured, so both count the slots.
-        self.lora = (LoraSlots(self.model, self.cfg, config.max_loras, config.max_lora_rank)
-                     if config.enable_lora else None)
-        self.backend = select_backend(self.device, config.attention_backend, self.dtype, self.cfg.head_dim)
-        # Embeddings run without a KV cache, which only the reference backend handles.
-        self.reference_backend = TorchAttentionBackend()
+            linears = linears and f"{str(self.dtype)[6:]} linears {linears}"
+        # A packed copy takes its weight's place and size.
+        return plain, linears
+
+    def _resident_bytes(self) -> int:
+        """Bytes of the model's parameters that hold memory (a shared one once, a shape-only stand-in none)."""
+        storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in self.model.parameters()}
+        return sum(storages.values())
+
+    def _allocate_kv_cache(self) -> bool:
+        """Sizes and allocates the KV cache; returns whether decode steps run in CUDA graphs."""
         multiple = self.backend.block_size_multiple
-        self.block_size = -(-config.block_size // multiple) * multiple
-        if self.block_size != config.block_size:
+        self.block_size = -(-self.engine_config.block_size // multiple) * multiple
+        if self.block_size != self.engine_config.block_size:
             log.info("the %s attention backend reads KV-cache blocks of a multiple of %d tokens: block size %d -> %d",
-                     self.backend.name, multiple, config.block_size, self.block_size)
-        use_graphs = self.device.type == "cuda" and self.backend.supports_cuda_graphs and not config.enforce_eager
+                     self.backend.name, multiple, self.engine_config.block_size, self.block_size)
+        use_graphs = (self.device.type == "cuda" and self.backend.supports_cuda_graphs
+                      and not self.engine_config.enforce_eager)
         self.num_blocks = self._kv_cache_blocks(use_graphs)
         shape = (self.num_blocks * self.block_size, self.model.layers[0].self_attn.num_kv_heads, self.cfg.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in range(self.cfg.num_layers)]
-        self.graphs = self._capture_graphs() if use_graphs else None
-        self.sampler = Sampler(config.seed)
-        self.device_sampler = (DeviceSampler(self.sampler, self.device, config.seed)
-                               if self.device.type == "cuda" else None)
-        if self.rank == 0:
-            log.info("model %s: %d layers, %.1fM parameters%s, %s on %s; attention %s%s; KV cache %d blocks x %d "
-                     "tokens (%.0f MiB%s)", self.cfg.architecture, self.cfg.num_layers, self.num_parameters / 1e6,
-                     f" per rank x {self.tp.size}" if self.tp.size > 1 else "", str(self.dtype)[6:], self.device,
-                     self.backend.name, f", CUDA graphs for batches up to {self.graphs.sizes[-1]}" if self.graphs else "",
-                     self.num_blocks, self.block_size, self.num_blocks * self.bytes_per_block / 2**20,
-                     " per rank" if self.tp.size > 1 else "")
-            if self.cpu_paths is not None:
-                self._log_cpu_paths(self.cpu_paths, linears)
+        return use_graphs
 
-    # -- start-up -----------------------------------------------------------------------------------
+    def _log_start(self, linears: str | None) -> None:
+        log.info("model %s: %d layers, %.1fM parameters%s, %s on %s; weights %.0f MiB; attention %s%s; KV cache %d "
+                 "blocks x %d tokens (%.0f MiB%s)", self.cfg.architecture, self.cfg.num_layers,
+                 self.num_parameters / 1e6, f" per rank x {self.tp.size}" if self.tp.size > 1 else "",
+                 str(self.dtype)[6:], self.device, self.weight_bytes / 2**20, self.backend.name,
+                 f", CUDA graphs for batches up to {self.graphs.sizes[-1]}" if self.graphs else "",
+                 self.num_blocks, self.block_size, self.num_blocks * self.bytes_per_block / 2**20,
+                 " per rank" if self.tp.size > 1 else "")
+        if self.cpu_paths is not None:
+            self._log_cpu_paths(self.cpu_paths, linears)
+        elif linears:
+            log.info("linears: %s", linears)
 
     def _log_cpu_paths(self, paths: CpuPaths, linears: str | None) -> None:
         decode = (native_cpu.kernel_name() if native_cpu.supports(self.dtype, self.device, self.cfg.head_dim)
@@ -185,7 +226,7 @@ class ModelRunner:
         parts = [f"CPU {paths.describe()}", f"decode attention {decode}",
                  f"norm and rotary {'native' if fused_cpu.applies(self.dtype, self.device) else 'torch'}"]
         if linears:
-            parts.append(f"{str(self.dtype)[6:]} linears {linears}")
+            parts.append(linears)
         log.info("; ".join(parts))
         if self.dtype == torch.bfloat16 and not paths.fast_bf16:
             log.warning("--dtype bfloat16 on a CPU without AVX512-BF16 or AMX: matmuls compute in float32, a little "
@@ -207,7 +248,7 @@ class ModelRunner:
         return 2 * self.cfg.num_layers * self.block_size * heads * self.cfg.head_dim * element
 
     def _kv_cache_blocks(self, use_graphs: bool) -> int:
-        config = self.config
+        config = self.engine_config
         if config.num_kv_blocks:
             return config.num_kv_blocks
         requested = None if config.kv_cache_memory is None else config.kv_cache_memory // self.tp.size
@@ -227,7 +268,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _run_maximal_step(self) -> None:
         """The most a step can hold: max_num_batched_tokens of prefill, max_num_seqs rows sampled."""
-        tokens = self.config.max_num_batched_tokens
+        tokens = self.engine_config.max_num_batched_tokens
         lengths = [min(self.max_model_len, tokens - start) for start in range(0, tokens, self.max_model_len)]
         spans, start = [], 0
         for n in lengths:
@@ -238,7 +279,7 @@ class ModelRunner:
         positions = torch.cat([torch.arange(n) for n in lengths]).to(self.device)
         hidden = self.model.hidden_states(torch.zeros(tokens, dtype=torch.long, device=self.device), positions,
                                           self.reference_backend, meta, None)
-        logits = self.model.logits(hidden[:min(self.config.max_num_seqs, tokens)])
+        logits = self.model.logits(hidden[:min(self.engine_config.max_num_seqs, tokens)])
         # What top-k/top-p sampling allocates on top of the logits.
         logits.sort(dim=-1, descending=True)[0].softmax(dim=-1).cumsum(dim=-1)
 
@@ -247,7 +288,7 @@ class ModelRunner:
             return self.model.hidden_states(input_ids, positions, self.backend, meta, self.kv_caches)
 
         with torch.inference_mode():
-            return DecodeGraphs(forward, graph_batch_sizes(self.config.max_num_seqs), self.max_model_len,
+            return DecodeGraphs(forward, graph_batch_sizes(self.engine_config.max_num_seqs), self.max_model_len,
                                 self.block_size, self.cfg.sliding_window, self.cfg.hidden_size, self.dtype,
                                 self.device, cuda_graph_capture())
 
@@ -298,12 +339,12 @@ class ModelRunner:
     @torch.inference_mode()
     def embed(self, batch: list[list[int]], dimensions: int | None = None) -> list[list[float]]:
         """One packed forward over every prompt of `batch`, without the KV cache: each prompt's final hidden
-        states pooled (config.pooling), cut to `dimensions` and L2-normalized."""
+        states pooled (--pooling), cut to `dimensions` and L2-normalized."""
         if self.workers is not None:
             self.workers.send(("embed", batch))
         hidden = self._embed(batch)
         lengths = torch.tensor([len(ids) for ids in batch], device=hidden.device)
-        if self.config.pooling == "last":
+        if self.engine_config.pooling == "last":
             pooled = hidden[lengths.cumsum(0) - 1].float()
         else:
             rows = torch.repeat_interleave(torch.arange(len(batch), device=hidden.device), lengths)
