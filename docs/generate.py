@@ -23,7 +23,16 @@ def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _ranges() -> dict[str, str]:
+    """Each bounded flag's range, from the limits the runtime and the CRD share (`--max-num-seqs`: 1 to 4096)."""
+    from sluice_contracts import runtime_flags
+
+    return {"--" + v.name.replace(" ", "-"): f"{v.minimum} to {v.maximum}"
+            for v in vars(runtime_flags).values() if isinstance(v, runtime_flags.IntRange)}
+
+
 def _flag_table(title: str, add_cli_args: Callable[[argparse.ArgumentParser], None]) -> str:
+    ranges = _ranges()
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
     rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
@@ -39,6 +48,8 @@ def _flag_table(title: str, add_cli_args: Callable[[argparse.ArgumentParser], No
             meaning = action.help or ""
             if action.choices:
                 meaning += f" (one of {', '.join(f'`{c}`' for c in action.choices)})"
+            if action.option_strings[0] in ranges:
+                meaning += f" ({ranges[action.option_strings[0]]})"
             rows.append(f"| `{_cell(option)}` | {_cell(default)} | {_cell(meaning)} |")
     return "\n".join(rows)
 
