@@ -175,7 +175,8 @@ class _BoundedHandler(WSGIRequestHandler):
         if not line:
             return None
         if len(line.rstrip(b"\r\n")) > MAX_REQUEST_LINE_BYTES or not line.endswith(b"\n"):
-            return self._refuse(LINE_TOO_LONG)
+            self._refuse(LINE_TOO_LONG)
+            return None
         lines, count, size = [line], 0, 0
         while True:
             header = self.rfile.readline(MAX_HEADER_BYTES - size + 5)  # its ": " and CRLF besides
@@ -184,11 +185,13 @@ class _BoundedHandler(WSGIRequestHandler):
                 return b"".join(lines)
             count += 1
             if count > MAX_HEADER_COUNT:
-                return self._refuse(TOO_MANY_HEADERS)
+                self._refuse(TOO_MANY_HEADERS)
+                return None
             name, _, value = header.rstrip(b"\r\n").partition(b":")
             size += len(name) + len(value.strip())
             if size > MAX_HEADER_BYTES or not header.endswith(b"\n"):
-                return self._refuse(HEADERS_TOO_LARGE)
+                self._refuse(HEADERS_TOO_LARGE)
+                return None
 
     def _refuse(self, response: bytes) -> None:
         self.wfile.write(response)
