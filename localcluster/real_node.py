@@ -35,6 +35,8 @@ NODE_TAINT = {"key": NODE_LABEL[0], "value": NODE_LABEL[1], "effect": "NoSchedul
 PLACEMENT = {"nodeSelector": {NODE_LABEL[0]: NODE_LABEL[1]},
              "tolerations": [{**NODE_TAINT, "operator": "Equal"}]}
 CNI_BIN_DIR = Path("/usr/lib/cni")
+# The kubelet's pod sync period (its default is 60 s).
+POD_SYNC_S = 10
 # The pod sandbox image, made here from our own pause program (localcluster/gomod/pause).
 PAUSE_IMAGE = "localhost/sluice-pause:1"
 # The nft table holding the rule that lets pods reach the loopback-bound API server.
@@ -151,6 +153,9 @@ state = "{root}/state"
             "podLogsDir": str(self.home / "pod-logs"),
             "serializeImagePulls": False,
             "maxPods": 64,
+            # How often each pod is synced, which is when its Secret and ConfigMap volumes are rewritten: the
+            # default minute would make every test of a rotation wait for it.
+            "syncFrequency": f"{POD_SYNC_S}s",
         }
 
     def _node_credentials(self, server: str) -> Path:

@@ -16,8 +16,8 @@ import pytest
 
 from fixtures.cluster import wait_for
 from fixtures.sluice_stack import ready
-from fixtures.real_node import (load_built_image, operator_image, pod_manifest, probe_pod, restricted_namespace,
-                                run_pod, runtime_image)
+from fixtures.real_node import (operator_image, pod_manifest, probe_pod, restricted_namespace,
+                                run_pod, runtime_image, runtime_image_on)
 from localcluster import node_network
 from localcluster.real_node import NODE_NAME, PLACEMENT
 
@@ -160,16 +160,17 @@ def chart_on_node(kube_cluster, real_node, tmp_path_factory):
             kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+# Named by fixtures.real_node.RUNTIME_FIXTURE, which starts the runtime image's load early when a test needs it.
 @pytest.fixture(scope="module")
 def model_on_node(kube_cluster, real_node, chart_on_node, record_testsuite_property):
     """The embedded model as an InferenceModel in the chart's namespace: its runtime pod in a container on the real
     node, from the runtime image `make images` built, served through the gateway pod."""
     namespace, _, _ = chart_on_node
-    load_built_image(real_node, runtime_image(), kube_cluster.log)
+    image = runtime_image_on(real_node)
     model = {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel",
              "metadata": {"name": MODEL, "namespace": namespace},
              "spec": {"model": {"source": "smollm2"}, "replicas": 1,
-                      "runtime": {"dtype": "float32", "maxModelLen": 1024, "kvCacheMemory": "128Mi"},
+                      "runtime": {"image": image, "dtype": "float32", "maxModelLen": 1024, "kvCacheMemory": "128Mi"},
                       "resources": {"cpu": MODEL_CPU, "memory": MODEL_MEMORY, **PLACEMENT}}}
     started = time.monotonic()
     kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(model))
@@ -294,42 +295,43 @@ def test_network_policies_keep_every_other_pod_off_the_runtime_metrics_and_opera
             (client, matrix)
 
 
-_IN_RUNTIME = """
+_THREADS = """
 import json, os
 from sluice_runtime.executor.cpu_budget import usable_cpus
+print(json.dumps({"cores": len(os.sched_getaffinity(0)), "threads": usable_cpus()}))
+"""
+# A container's peak memory and limit, cgroup v1 or v2.
+_PEAK = """
+import json
 def read(*paths):
     for path in paths:
         try:
             return int(open(path).read().split()[0])
         except (OSError, ValueError):
             pass
-print(json.dumps({
-    "cores": len(os.sched_getaffinity(0)), "threads": usable_cpus(),
-    "peak": read("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak"),
-    "limit": read("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max"),
-}))
+print(json.dumps({"peak": read("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak"),
+                  "limit": read("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max")}))
 """
 
 
-def test_a_model_pod_serves_from_its_container_within_its_cpu_and_memory_limits(kube_cluster, model_on_node,
-                                                                               record_property):
+def _exec_json(kube_cluster, pod: dict, script: str) -> dict:
+    return json.loads(kube_cluster.kubectl("exec", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"],
+                                           "--", "python3", "-c", script).stdout)
+
+
+def test_a_model_pod_serves_from_its_container_with_threads_for_its_cpu_quota(kube_cluster, model_on_node):
     pod = model_on_node
     assert pod["spec"]["nodeName"] == NODE_NAME
     (status,) = pod["status"]["containerStatuses"]
     assert status["containerID"].startswith("containerd://") and status["image"] == runtime_image()
+    assert pod["spec"]["containers"][0]["image"] == runtime_image()
     namespace = pod["metadata"]["namespace"]
     url = _gateway_url(kube_cluster, namespace)
     for _ in range(4):
         assert _chat(url, MODEL), "the gateway stopped serving the model"
-    seen = json.loads(kube_cluster.kubectl("exec", pod["metadata"]["name"], "-n", namespace, "--", "python3", "-c",
-                                           _IN_RUNTIME).stdout)
-    record_property("runtime_peak_memory_mib", round(seen["peak"] / 2**20))
-    record_property("runtime_memory_limit_mib", round(seen["limit"] / 2**20))
+    seen = _exec_json(kube_cluster, pod, _THREADS)
     # The node has more cores than the pod's quota; torch's threads follow the quota.
     assert seen["cores"] > int(MODEL_CPU) and seen["threads"] == int(MODEL_CPU), seen
-    assert seen["peak"] < seen["limit"] == 3 * 2**30, seen
-    restarts = _model_pods(kube_cluster, namespace)[0]["status"]["containerStatuses"][0]["restartCount"]
-    assert restarts == 0, "the runtime container restarted (an OOM kill would show here)"
 
 
 _CALL_RUNTIME = """
@@ -416,7 +418,7 @@ def test_a_memory_limit_too_small_for_the_model_is_reported_on_the_model(kube_cl
              "metadata": {"name": name, "namespace": namespace},
              "spec": {"model": {"source": "smollm2"}, "replicas": 1,
                       "runtime": {"dtype": "float32", "maxModelLen": 1024, "kvCacheMemory": "128Mi"},
-                      "resources": {"cpu": "250m", "memory": "512Mi", **PLACEMENT}}}
+                      "resources": {"cpu": "250m", "memory": "256Mi", **PLACEMENT}}}
     started = time.monotonic()
     kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(model))
     try:
@@ -427,10 +429,24 @@ def test_a_memory_limit_too_small_for_the_model_is_reported_on_the_model(kube_cl
 
         condition = wait_for(degraded, timeout=240, interval=2, what="Degraded OOMKilled on the model")
         record_property("oom_reported_s", round(time.monotonic() - started, 1))
-        assert "512Mi" in condition["message"] and "spec.resources.memory" in condition["message"], condition
+        assert "256Mi" in condition["message"] and "spec.resources.memory" in condition["message"], condition
         events = json.loads(kube_cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
                                                  f"involvedObject.name={name},reason=OOMKilled", "-o",
                                                  "json").stdout)["items"]
         assert [e["type"] for e in events] == ["Warning"], events
     finally:
         kube_cluster.kubectl("delete", "im", name, "-n", namespace, "--wait=false", check=False)
+
+
+def test_every_pod_stayed_within_its_memory_limit(kube_cluster, chart_on_node, model_on_node, record_property):
+    """Last in this module: each Sluice container's peak since it started (the runtime's includes loading the model
+    and every request of this module) against its limit, with no restart."""
+    namespace, _, _ = chart_on_node
+    pods = {"operator": _pod(kube_cluster, namespace, "operator"), "gateway": _pod(kube_cluster, namespace, "gateway"),
+            "runtime": _model_pods(kube_cluster, namespace)[0]}
+    for component, pod in pods.items():
+        seen = _exec_json(kube_cluster, pod, _PEAK)
+        record_property(f"{component}_peak_memory", f"{seen['peak'] / 2**20:.0f} MiB of {seen['limit'] / 2**20:.0f}")
+        assert seen["peak"] < seen["limit"], (component, seen)
+        assert [c["restartCount"] for c in pod["status"]["containerStatuses"]] == [0], component
+    assert _exec_json(kube_cluster, pods["runtime"], _PEAK)["limit"] == 3 * 2**30
