@@ -19,7 +19,7 @@ _SUFFIXES = ("_total", "_bucket", "_sum", "_count")
 def _defined_metrics() -> set[str]:
     names = set()
     for source in ("contracts/sluice_contracts/metric_names.py", "contracts/sluice_contracts/demand.py",
-                   "runtime/sluice_runtime/metrics.py", "gateway/sluice_gateway/metrics.py"):
+                   "runtime/sluice_runtime/server/metrics.py", "gateway/sluice_gateway/metrics.py"):
         names |= set(_DEFINED.findall((REPO / source).read_text()))
     return names
 

@@ -16,7 +16,6 @@ from sluice_contracts.load_report import LoadReport, PrefixCacheStats
 from sluice_contracts.runtime_flags import LORA_NAME_PATTERN, lora_name_message
 from sluice_runtime.engine.errors import EngineDead, EngineError
 from sluice_runtime.engine.lora_registry import LoraNotFound
-from sluice_runtime.metrics import RuntimeMetrics
 from sluice_runtime.models.lora_adapter import AdapterError
 from sluice_runtime.sampling_params import SamplingParams
 
@@ -29,6 +28,7 @@ from .errors import APIError, install_error_handlers, invalid_request
 from .generation import GenerationRunner, engine_error
 from .lifecycle import Lifecycle
 from .logprobs import LogprobFormatter
+from .metrics import RuntimeMetrics
 from .middleware import RequestContextMiddleware
 from .normalize import RequestNormalizer
 from .pooling import PoolingServing
