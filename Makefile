@@ -45,7 +45,9 @@ run: install
 
 # ruff (pyproject.toml [tool.ruff]) over the paths already clean, and mypy ([tool.mypy]) on the contracts and the
 # gateway; LINT_PATHS widens as the rest of the tree is brought to the rules.
-LINT_PATHS := contracts gateway runtime/sluice_runtime/server locks docs tests/contracts tests/gateway tests/server tests/docs
+LINT_PATHS := contracts gateway operator localcluster images runtime/sluice_runtime/server runtime/sluice_runtime/native_build.py \
+  locks docs bench/embedding_bench.py tests/contracts tests/gateway tests/server tests/docs tests/operator tests/chart \
+  tests/cluster tests/e2e tests/fixtures tests/images tests/clients
 lint: install
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/mypy

@@ -88,13 +88,13 @@ def main() -> None:
     llm.embed(batches[0][:2])  # first-call costs (kernel builds, allocator) belong to no row
     reference.embed(batches[0][:2])
     for round_no, batch in enumerate(batches):
-        seconds, batched = timed(lambda: llm.embed(batch))
+        seconds, batched = timed(lambda batch=batch: llm.embed(batch))
         rows["sluice, whole batch per call"].append(len(batch) / seconds)
-        seconds, single = timed(lambda: [llm.embed([p])[0] for p in batch])
+        seconds, single = timed(lambda batch=batch: [llm.embed([p])[0] for p in batch])
         rows["sluice, one input per call"].append(len(batch) / seconds)
-        seconds, _ = timed(lambda: reference.embed(batch))
+        seconds, _ = timed(lambda batch=batch: reference.embed(batch))
         rows["transformers, padded batch"].append(len(batch) / seconds)
-        seconds, unpadded = timed(lambda: torch.cat([reference.embed([p]) for p in batch]))
+        seconds, unpadded = timed(lambda batch=batch: torch.cat([reference.embed([p]) for p in batch]))
         rows["transformers, one input per call"].append(len(batch) / seconds)
         for name, vectors in (("batched", batched), ("one at a time", single)):
             cosines = (torch.tensor(vectors) * unpadded).sum(dim=1)

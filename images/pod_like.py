@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import signal
 import shutil
+import signal
 import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass

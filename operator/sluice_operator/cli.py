@@ -6,9 +6,15 @@ import random
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .crd import MANAGED_BY
 from .crd.definitions import render_definitions
+
+if TYPE_CHECKING:
+    from .builders import ModelPolicy, Release
+    from .builders.inference_pool import PoolDefaults
+    from .gateway_demand import GatewaySource
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,13 +12,12 @@ from . import health
 from .builders import ModelPolicy, Release
 from .builders.inference_pool import PoolDefaults
 from .builders.peering import build_peering
-from .gateway_demand import GatewayDemandReader, GatewaySource
 from .crd import GROUP
+from .gateway_demand import GatewayDemandReader, GatewaySource
 from .handlers.credential import follow_source
 from .handlers.registration import register
 from .kube import Kube, load_config
 from .state import OperatorState
-
 
 # How long an operator of a helm release waits for the release's peering object before creating it.
 PEERING_WAIT_S = 60.0

@@ -9,10 +9,10 @@ from sluice_contracts.routing_table import RoutingTable
 from .autoscaler import DemandClock, History
 from .builders import ModelPolicy, Release
 from .builders.inference_pool import PoolDefaults
-from .metrics import OperatorMetrics
 from .coalesce import Coalescer
 from .gateway_demand import GatewayDemandReader
 from .kube import Kube
+from .metrics import OperatorMetrics
 
 Key = tuple[str, str]  # (namespace, name)
 

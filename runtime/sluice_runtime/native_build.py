@@ -19,8 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .cpu_isa import cpu_paths
 from .cache_dir import sluice_cache_dir
+from .cpu_isa import cpu_paths
 
 log = logging.getLogger(__name__)
 

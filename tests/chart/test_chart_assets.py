@@ -6,7 +6,6 @@ import re
 
 import pytest
 import yaml
-
 from chart.helm_tool import CHART, REPO
 from chart.values_table import main as values_table_check
 

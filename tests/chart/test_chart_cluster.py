@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from chart.helm_tool import CHART, FULL_VALUES, REPO, Helm
 
 pytestmark = pytest.mark.integration

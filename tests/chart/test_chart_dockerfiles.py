@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from chart.helm_tool import REPO
 
 IMAGE_ROOT = "/opt/sluice"

@@ -7,10 +7,9 @@ import uuid
 
 import pytest
 import yaml
-
 from chart.helm_tool import CHART, Helm, by_kind, helm_binary
-from fixtures.cluster import wait_for
 
+from fixtures.cluster import wait_for
 from sluice_operator.builders.model_policy import image_refusal
 from sluice_operator.crd import ENGINE_IMAGES
 

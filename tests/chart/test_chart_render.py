@@ -5,7 +5,6 @@ import json
 
 import pytest
 import yaml
-
 from chart.helm_tool import CHART, FULL_VALUES, REPO, Helm, by_kind, helm_binary, one, pod_spec
 
 pytestmark = pytest.mark.integration
@@ -278,7 +277,6 @@ def test_the_operator_reads_each_models_demand_from_the_gateway_pods(which, defa
     """Scale to zero: the operator finds the gateway's pods by their labels and may reach their metrics port;
     nothing else in the namespace may, and the gateway's cold-start settings render into its config."""
     from fixtures.network_policy import Pod, admits
-
     from sluice_operator.cli import _gateway, _parser
 
     objects = default_objects if which == "default" else full_objects
@@ -314,7 +312,6 @@ def test_runtime_pods_admit_only_this_releases_gateway_and_operator(which, defau
     """Runtime pods live wherever InferenceModels are, so the operator writes their policy from the chart's flags:
     the chart's own gateway and operator pods get in, the same labels from another namespace do not."""
     from fixtures.network_policy import Pod, admits
-
     from sluice_operator.builders import build_deployment, build_runtime_network_policy
     from sluice_operator.builders.names import Owner
     from sluice_operator.crd import InferenceModelSpec
@@ -371,7 +368,6 @@ def test_the_peering_object_belongs_to_the_release(helm, default_objects, full_o
 
 def test_gateway_presents_the_runtime_credential_the_operator_fills(helm, default_objects, tmp_path):
     from sluice_contracts import runtime_credential
-
     from sluice_gateway.config import load_config
 
     name = runtime_credential.secret_name("sluice")

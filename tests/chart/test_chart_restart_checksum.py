@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from chart.helm_tool import CHART, FULL_VALUES, Helm, helm_binary, one
 
 pytestmark = pytest.mark.integration

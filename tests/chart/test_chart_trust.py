@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 import yaml
-
 from chart.helm_tool import CHART, Helm, by_kind, helm_binary, one, pod_spec
+
 from fixtures.cluster import wait_for
 
 pytestmark = pytest.mark.integration
@@ -122,11 +122,12 @@ def test_the_scraper_is_matched_by_namespace_and_pod_labels(helm):
     objects = helm.template()
     for name, port in (("-gateway", "metrics"), ("-operator", 8081)):
         policy = one(objects, "NetworkPolicy", name)
-        (peer,) = [rule["from"] for rule in policy["spec"]["ingress"]
+        (rule,) = [rule for rule in policy["spec"]["ingress"]
                    if rule.get("from") and "namespaceSelector" in rule["from"][0]
                    and rule["from"][0]["namespaceSelector"].get("matchLabels")]
-        assert peer == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
-                         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}], (name, peer)
+        assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}], (name, rule)
+        assert [p["port"] for p in rule["ports"]] == [port], (name, rule)
 
 
 # -- against the API server ------------------------------------------------------------------------------------

@@ -15,9 +15,16 @@ import openai
 import pytest
 
 from fixtures.cluster import wait_for
+from fixtures.real_node import (
+    operator_image,
+    pod_manifest,
+    probe_pod,
+    restricted_namespace,
+    run_pod,
+    runtime_image,
+    runtime_image_on,
+)
 from fixtures.sluice_stack import ready
-from fixtures.real_node import (operator_image, pod_manifest, probe_pod, restricted_namespace,
-                                run_pod, runtime_image, runtime_image_on)
 from localcluster import node_network
 from localcluster.real_node import NODE_NAME, PLACEMENT
 

@@ -19,10 +19,10 @@ import httpx
 import openai
 import pytest
 import yaml
-from sluice_contracts import runtime_credential
 
 from fixtures.cluster import wait_for
-from fixtures.sluice_stack import ADMIN_KEY, NAMESPACE, RELEASE, REPO, ROUTING_TABLE, TENANT_KEY, ready
+from fixtures.sluice_stack import NAMESPACE, RELEASE, REPO, ROUTING_TABLE, TENANT_KEY, ready
+from sluice_contracts import runtime_credential
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

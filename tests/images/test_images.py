@@ -21,9 +21,9 @@ import httpx
 import pytest
 import yaml
 
+from fixtures.runtime_server import start_runtime_server
 from images import build, buildah, pod_like
 from sluice_operator.builders.pod_security import RUN_AS_USER, WRITABLE_DIRS, WRITABLE_ENV
-from fixtures.runtime_server import start_runtime_server
 
 REPO = Path(__file__).resolve().parents[2]
 READY_LINE = re.compile(r"sluice-runtime: serving \S+ at (http://\S+)")

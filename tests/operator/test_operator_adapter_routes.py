@@ -1,7 +1,6 @@
 """InferenceModel adapters in the routing table: each a public name of its own, served only by the endpoints
 that have it loaded, and ModelRoute canaries between two adapters of one model."""
 from sluice_contracts.routing_table import parse_routing_table
-
 from sluice_operator.crd import InferenceModelSpec, ModelRouteSpec
 from sluice_operator.route_compiler import backends_column, compile_routes
 

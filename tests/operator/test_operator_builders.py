@@ -164,7 +164,7 @@ def _restricted_violations(pod: dict) -> list[str]:
             found.append("allowPrivilegeEscalation")
         if own.get("capabilities", {}).get("drop") != ["ALL"] or own.get("capabilities", {}).get("add"):
             found.append("capabilities")
-        if not (own.get("runAsNonRoot", context.get("runAsNonRoot")) is True):
+        if own.get("runAsNonRoot", context.get("runAsNonRoot")) is not True:
             found.append("runAsNonRoot")
         if own.get("runAsUser", context.get("runAsUser")) == 0:
             found.append("runAsUser 0")
@@ -199,7 +199,6 @@ def test_runtime_user_is_the_images_own():
 
 def test_runtime_pods_get_the_release_credential_as_a_whole_secret_volume():
     from sluice_contracts import runtime_credential
-
     from sluice_operator.builders import Release
 
     release = Release("sluice", "sluice-system")
@@ -272,7 +271,6 @@ def _policy_release():
         "release-namespace-only", "wrong-component", "another-runtime"])
 def test_runtime_network_policy_admits_peers_by_namespace_and_labels_together(source, admitted):
     from fixtures.network_policy import Pod, admits
-
     from sluice_operator.builders import build_runtime_network_policy
 
     models = [{"metadata": {"name": "smollm2", "uid": OWNER.uid}}]
@@ -288,7 +286,6 @@ def test_runtime_network_policy_admits_peers_by_namespace_and_labels_together(so
 
 def test_runtime_network_policy_without_monitoring_admits_only_the_release():
     from fixtures.network_policy import Pod, admits
-
     from sluice_operator.builders import NetworkPeers, Release, build_runtime_network_policy
 
     policy = build_runtime_network_policy(Release("prod", "sluice", NetworkPeers(GATEWAY, OPERATOR)), "demo", [])
@@ -361,7 +358,6 @@ def test_every_allowed_sluice_flag_is_one_the_runtime_parses():
 ])
 def test_runtime_network_policy_admits_the_scraper_by_namespace_and_labels(source, admitted):
     from fixtures.network_policy import Pod, admits
-
     from sluice_operator.builders import NetworkPeers, Release, build_runtime_network_policy
 
     peers = NetworkPeers(GATEWAY, OPERATOR, {"kubernetes.io/metadata.name": "monitoring"},

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sluice_contracts import runtime_credential
 
 from fixtures.cluster import wait_for
+from sluice_contracts import runtime_credential
 
 pytestmark = pytest.mark.integration
 
@@ -272,7 +272,7 @@ def test_routing_table_follows_ready_pods(samples):
     for replicas in (3, 1):
         started = time.monotonic()
         api.run("scale", "im", "extra", "--replicas", str(replicas))
-        wait_for(lambda: len(endpoints()) == replicas, timeout=20, interval=0.05,
+        wait_for(lambda replicas=replicas: len(endpoints()) == replicas, timeout=20, interval=0.05,
                  what=f"{replicas} endpoints in the table")
         timings[replicas] = time.monotonic() - started
     print(f"kubectl scale to the routing table: up {timings[3]:.2f} s, down {timings[1]:.2f} s")
@@ -345,9 +345,8 @@ def _credential(api, key: str = runtime_credential.SECRET_KEY) -> str:
 @pytest.fixture(scope="module")
 def served(setup, kube_cluster, smollm2_dir):
     """One model whose pod the launcher runs as a process, in the restricted namespace: its Ready pod."""
-    from localcluster.launcher import Launcher
-
     from fixtures.cluster import pinned_env
+    from localcluster.launcher import Launcher
 
     api, _ = setup
     with Launcher(kube_cluster.kubeconfig, namespace=api.namespace, log=lambda line: print(line, file=sys.stderr),

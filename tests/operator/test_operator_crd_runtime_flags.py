@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
-from sluice_contracts.runtime_flags import DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
 
+from sluice_contracts.runtime_flags import DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
 from sluice_operator.builders import Owner, build_deployment
 from sluice_operator.crd import InferenceModelSpec
 

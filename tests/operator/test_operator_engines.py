@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from sluice_contracts import runtime_credential
-from sluice_operator.builders import Owner, Release, build_all, build_deployment
+from sluice_operator.builders import Owner, Release, build_all
 from sluice_operator.crd import ENGINE_IMAGES, InferenceModelSpec
 
 OWNER = Owner(name="chat", namespace="demo", uid="0b7e4c1e-1111-2222-3333-444455556666")

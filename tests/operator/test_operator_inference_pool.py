@@ -3,8 +3,14 @@ tests/operator/test_operator_cluster.py, checks the same against GIE's real CRD)
 import pytest
 
 from sluice_operator.builders import Owner, selector_labels
-from sluice_operator.builders.inference_pool import (MSG_NO_PICKER, PoolDefaults, build_inference_pool,
-                                                     pool_acceptance, pool_enabled, wanted_pool)
+from sluice_operator.builders.inference_pool import (
+    MSG_NO_PICKER,
+    PoolDefaults,
+    build_inference_pool,
+    pool_acceptance,
+    pool_enabled,
+    wanted_pool,
+)
 from sluice_operator.cli import _parser, _pool_defaults
 from sluice_operator.crd import InferenceModelSpec
 from sluice_operator.crd.inference_model import EndpointPickerRef

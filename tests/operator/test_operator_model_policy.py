@@ -5,8 +5,13 @@ import base64
 
 import pytest
 
-from sluice_operator.builders.model_policy import (TOKEN_SECRET_LABEL, image_allowed, image_refusal,
-                                                   normalized_image, token_secret_refusal)
+from sluice_operator.builders.model_policy import (
+    TOKEN_SECRET_LABEL,
+    image_allowed,
+    image_refusal,
+    normalized_image,
+    token_secret_refusal,
+)
 from sluice_operator.cli import _parser, _policy
 from sluice_operator.crd import ENGINE_IMAGES
 
@@ -47,8 +52,9 @@ def test_the_refusal_names_the_image_and_the_prefixes():
 
 
 def test_the_pinned_engine_images_are_under_the_charts_default_prefixes():
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     values = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts/sluice/values.yaml").read_text())
     prefixes = tuple(values["operator"]["allowedImagePrefixes"])

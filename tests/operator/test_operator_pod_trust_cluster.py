@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 from aiohttp import web
-from sluice_contracts import runtime_credential
-from sluice_contracts.engines import LOAD_GAUGES
 
 from fixtures.cluster import wait_for
+from sluice_contracts import runtime_credential
+from sluice_contracts.engines import LOAD_GAUGES
 
 pytestmark = pytest.mark.integration
 
@@ -91,6 +91,7 @@ class Runtime:
 def lookalikes(kube_cluster, kube_namespace):
     """(namespace, the model's own pod, look-alike pods by name) once all are Ready."""
     import kubernetes
+
     from sluice_operator.builders import Owner, build_deployment
     from sluice_operator.crd import InferenceModelSpec
 

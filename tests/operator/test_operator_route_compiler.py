@@ -1,6 +1,5 @@
 """ModelRoutes + InferenceModels + ready runtime pods → the gateway's routing table."""
 from sluice_contracts.routing_table import parse_routing_table
-
 from sluice_operator.crd import InferenceModelSpec, ModelRouteSpec
 from sluice_operator.pods import ready_endpoints
 from sluice_operator.route_compiler import compile_routes

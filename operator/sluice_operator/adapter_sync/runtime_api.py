@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import aiohttp
+
 from sluice_contracts import runtime_credential
 
 TIMEOUT_SECONDS = 30.0  # a load reads the adapter's weights from disk

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
 from sluice_contracts.demand import BACKEND_IN_FLIGHT, BACKEND_LABEL, HELD_REQUESTS, REQUESTS
 
 from .demand import GatewayDemand

@@ -5,6 +5,7 @@ import asyncio
 from dataclasses import dataclass
 
 import aiohttp
+
 from sluice_contracts.engines import DEFAULT_ENGINE, MetricsParseError, parse_load
 
 SCRAPE_TIMEOUT_SECONDS = 3.0

@@ -4,13 +4,27 @@ from typing import Any
 
 from ..crd import InferenceModelSpec
 from .deployment import NoGuardImage, build_deployment, build_deployment_for
-from .model_policy import ModelPolicy, image_allowed, image_refusal, token_secret_refusal
 from .disruption_budget import build_disruption_budget
-from .names import (GENERATION_ANNOTATION, LABEL_MODEL, Owner, labels, managed_labels, model_owner_references,
-                    selector_labels, selector_string)
+from .model_policy import ModelPolicy, image_allowed, image_refusal, token_secret_refusal
+from .names import (
+    GENERATION_ANNOTATION,
+    LABEL_MODEL,
+    Owner,
+    labels,
+    managed_labels,
+    model_owner_references,
+    selector_labels,
+    selector_string,
+)
 from .ownership import conflict_message, controlled_by, foreign
-from .release import (NetworkPeers, Release, build_credential_copy, build_credential_source,
-                      build_runtime_network_policy, read_credential)
+from .release import (
+    NetworkPeers,
+    Release,
+    build_credential_copy,
+    build_credential_source,
+    build_runtime_network_policy,
+    read_credential,
+)
 from .routing_table import ROUTING_TABLE, ROUTING_TABLE_KEY, build_routing_table
 from .service import build_service
 from .status import Observed, model_status

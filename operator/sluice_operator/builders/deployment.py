@@ -10,8 +10,16 @@ from sluice_contracts import engine_guard, runtime_credential
 
 from ..crd import ENGINE_IMAGES, RUNTIME_PORT, InferenceModelSpec
 from ..crd.adapters import Adapter
-from .adapters import (START_ADAPTERS_ANNOTATION, TEMPLATE_DIGEST_ANNOTATION, adapter_volumes, encode_start, lora_command,
-                       pinned_start, recorded_digest, template_digest)
+from .adapters import (
+    START_ADAPTERS_ANNOTATION,
+    TEMPLATE_DIGEST_ANNOTATION,
+    adapter_volumes,
+    encode_start,
+    lora_command,
+    pinned_start,
+    recorded_digest,
+    template_digest,
+)
 from .engine_command import EngineCommand
 from .model_mount import ModelMount, model_mount
 from .names import GENERATION_ANNOTATION, Owner, labels, selector_labels

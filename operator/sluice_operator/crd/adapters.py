@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator
+
 from sluice_contracts import runtime_credential
 from sluice_contracts.runtime_flags import MAX_LORA_RANK
 

@@ -7,14 +7,28 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_snake
+
 from sluice_contracts import engine_args, runtime_flags
 from sluice_contracts.engines import Engine
 from sluice_contracts.model_tasks import DEFAULT_TASKS, TASKS, Task
-from sluice_contracts.runtime_flags import (BLOCK_SIZES, DTYPES, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, MAX_NUM_SEQS,
-                                           TENSOR_PARALLEL_SIZE)
+from sluice_contracts.runtime_flags import (
+    BLOCK_SIZES,
+    DTYPES,
+    MAX_LORA_RANK,
+    MAX_LORAS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    TENSOR_PARALLEL_SIZE,
+)
 
-from .adapters import (MSG_ADAPTER_COUNT, MSG_ADAPTER_ENGINE, MSG_ADAPTER_RANK, MSG_ADAPTER_SERVED_NAME, Adapter,
-                       AdapterStatus)
+from .adapters import (
+    MSG_ADAPTER_COUNT,
+    MSG_ADAPTER_ENGINE,
+    MSG_ADAPTER_RANK,
+    MSG_ADAPTER_SERVED_NAME,
+    Adapter,
+    AdapterStatus,
+)
 from .base import IntOrPercent, Kind, Quantity, SpecModel, StatusModel, cel
 from .status import Condition, conditions_schema_extra
 

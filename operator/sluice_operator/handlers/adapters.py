@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import kopf
 from pydantic import ValidationError
+
 from sluice_contracts import runtime_credential
 
 from ..adapter_sync import RuntimeApiError, adapters_loaded, load_adapter, plan, unload_adapter

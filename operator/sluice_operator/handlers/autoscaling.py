@@ -13,8 +13,18 @@ from typing import Any
 import aiohttp
 import kopf
 
-from ..autoscaler import (Decision, DemandClock, History, MetricsError, Observation, PodSample, Targets, decide,
-                          pick_victims, scrape)
+from ..autoscaler import (
+    Decision,
+    DemandClock,
+    History,
+    MetricsError,
+    Observation,
+    PodSample,
+    Targets,
+    decide,
+    pick_victims,
+    scrape,
+)
 from ..builders import selector_string
 from ..crd import InferenceModel, InferenceModelSpec
 from ..crd.inference_model import AutoscalerDecision, AutoscalerMetrics

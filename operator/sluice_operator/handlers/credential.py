@@ -13,6 +13,7 @@ import secrets
 from typing import Any
 
 from kubernetes.client.rest import ApiException
+
 from sluice_contracts import runtime_credential
 
 from ..builders import build_credential_source, read_credential

@@ -12,8 +12,16 @@ import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from ..builders import (NoGuardImage, Owner, build_all, conflict_message, foreign, image_allowed, image_refusal,
-                        token_secret_refusal)
+from ..builders import (
+    NoGuardImage,
+    Owner,
+    build_all,
+    conflict_message,
+    foreign,
+    image_allowed,
+    image_refusal,
+    token_secret_refusal,
+)
 from ..crd import InferenceModel, InferenceModelSpec
 from ..state import OperatorState
 from . import inference_pool, release_objects

@@ -7,8 +7,14 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from ..builders import Owner, controlled_by
-from ..builders.inference_pool import (MSG_NO_PICKER, POOL_GROUP, POOL_VERSION, build_inference_pool, pool_acceptance,
-                                       wanted_pool)
+from ..builders.inference_pool import (
+    MSG_NO_PICKER,
+    POOL_GROUP,
+    POOL_VERSION,
+    build_inference_pool,
+    pool_acceptance,
+    wanted_pool,
+)
 from ..crd import InferenceModelSpec
 from ..state import OperatorState
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import kopf
 
-from ..crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION, InferenceModel, ModelRoute
 from ..builders.inference_pool import pool_enabled
+from ..crd import GROUP, LABEL_MODEL, MANAGED_BY, VERSION, InferenceModel, ModelRoute
 from ..state import OperatorState
 from . import adapters, autoscaling, inference_model, scale_from_zero
 from .model_status import request_refresh

@@ -7,6 +7,7 @@ from typing import Any
 
 import kopf
 from pydantic import ValidationError
+
 from sluice_contracts.routing_table import RoutingTable, RoutingTableError, parse_routing_table
 
 from ..builders import ROUTING_TABLE, ROUTING_TABLE_KEY, build_routing_table
