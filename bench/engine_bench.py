@@ -20,6 +20,12 @@ decode-only step of the short chats alone at their full batch, both budgets' run
 ratios the budget aims at. Writes
 bench/results/engine_short_under_long.json.
 
+--mix quantization: the throughput mix's requests at each --concurrency on float32, --quantization int8
+and (where the CPU computes it natively) bfloat16 engines, rows alternating so a change in the machine's
+load shows on every side; tokens/s per row and int8 / float32 at each concurrency (target >= 1.8),
+with the weights' resident bytes of each. The int8 kernel is this CPU level's (SLUICE_CPU_ISA=generic
+runs the weight-only one). Writes bench/results/quantization-LEVEL.json.
+
 --mix lora: --requests requests at concurrency 32, each for one of 4 random rank-16 LoRA adapters
 (all 7 projections, built with peft) in turn, against the same requests on the base model, in one
 engine (--enable-lora --max-loras 4); base, adapters, base again, so a change in the machine's load
@@ -141,7 +147,7 @@ def run_hf_generate_batch(model, prompts, output_len: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mix", choices=["throughput", "short-under-long", "lora"], default="throughput")
+    parser.add_argument("--mix", choices=["throughput", "short-under-long", "lora", "quantization"], default="throughput")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--sequential-requests", type=int, default=6,
                         help="requests for the one-at-a-time rows (concurrency 1 and transformers generate)")
@@ -171,6 +177,8 @@ def main() -> None:
         short_under_long(args.dtype, args.seed)
     elif args.mix == "lora":
         lora_mix(args)
+    elif args.mix == "quantization":
+        quantization_mix(args)
     else:
         throughput(args)
 
@@ -470,6 +478,41 @@ def lora_mix(args: argparse.Namespace) -> None:
     (RESULTS / "engine_lora.json").write_text(json.dumps(
         {"dtype": str(engine.runner.dtype)[6:], "torch_threads": torch.get_num_threads(), "rows": rows,
          "adapters_over_base": ratio}, indent=2))
+
+
+def quantization_mix(args: argparse.Namespace) -> None:
+    from sluice_runtime.cpu_isa import cpu_paths
+
+    paths = cpu_paths()
+    variants = {"float32": {"dtype": "float32"}, "int8": {"dtype": "float32", "quantization": "int8"}}
+    if paths.fast_bf16:
+        variants["bfloat16"] = {"dtype": "bfloat16"}
+    engines = {name: LLMEngine(EngineConfig(model="smollm2", max_num_seqs=64, max_num_batched_tokens=1024,
+                                            kv_cache_memory=1 << 30, **config))
+               for name, config in variants.items()}
+    first = next(iter(engines.values()))
+    vocab = first.runner.cfg.vocab_size
+    prompts = make_prompts(args.requests, args.min_prompt, args.max_prompt, vocab, args.seed)
+    for name, each in engines.items():
+        run_engine(each, fresh_tokens(prompts[:4], vocab, f"warm-{name}"), 8, 4)
+    rows: dict[str, dict] = {}
+    ratios: dict[str, float] = {}
+    for c in args.concurrency:
+        subset = prompts[: args.sequential_requests] if c == 1 else prompts
+        for name, each in engines.items():
+            row = f"{name} c={c}"
+            rows[row] = run_engine(each, fresh_tokens(subset, vocab, row), args.output_len, c)
+            print(f"{row}: {rows[row]['output_tok_s']:.1f} tok/s, ITL {rows[row]['mean_itl_s'] * 1000:.1f} ms, "
+                  f"load {rows[row]['load_average']}", flush=True)
+        ratios[f"c={c}"] = rows[f"int8 c={c}"]["output_tok_s"] / rows[f"float32 c={c}"]["output_tok_s"]
+        print(f"c={c}: int8 / float32 {ratios[f'c={c}']:.2f} (target >= 1.8)", flush=True)
+    weights = {name: each.runner.weight_bytes for name, each in engines.items()}
+    print("weights MiB: " + ", ".join(f"{name} {b / 2**20:.0f}" for name, b in weights.items()))
+    RESULTS.mkdir(exist_ok=True)
+    summary = {"cpu": paths.describe(), "int8_linears": engines["int8"].runner.linears, "rows": rows,
+               "int8_over_float32": ratios, "weight_bytes": weights, "torch_threads": torch.get_num_threads(),
+               "requests": args.requests, "output_len": args.output_len}
+    (RESULTS / f"quantization-{paths.level}.json").write_text(json.dumps(summary, indent=2))
 
 
 def _plot(rows: dict, roofline: float) -> None:
