@@ -8,8 +8,8 @@ Two kernels, chosen once at start (`choose_kernel`):
   is smoothed first (SmoothQuant): input channel j is divided by s_j and the weight's column j
   multiplied by it, s_j = peak|x_j|^ALPHA / peak|w_j|^(1-ALPHA), with the activation peaks recorded
   on one forward over CALIBRATION_TEXT at start. Without VNNI (AVX2, or SLUICE_CPU_ISA=avx2) fbgemm's
-  multiply-add saturates at 16 bits unless activations keep 7 bits, and 7 bits cost SmolLM2 over a
-  quarter of its perplexity, so those CPUs take the weight-only kernel.
+  multiply-add saturates at 16 bits unless activations keep 7 bits, and with 7 bits SmolLM2's
+  perplexity leaves the quality test's bound, so those CPUs take the weight-only kernel.
 - WEIGHT_ONLY, everywhere else (SLUICE_CPU_ISA=generic, other CPUs, CUDA): the int8 weight is widened
   to the activations' dtype inside the call and the scale applied to the output, so the weights'
   resident memory shrinks and activations keep the base dtype.
