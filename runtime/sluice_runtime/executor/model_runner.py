@@ -18,22 +18,21 @@ import torch
 
 from ..cpu_isa import CpuIsaError, CpuPaths, cpu_paths
 from ..engine_config import EngineConfig
+from ..layers import fused_cpu
 from ..layers.linear import TensorParallel
+from ..model_load_error import ModelLoadError
 from ..models.config import ModelConfig
 from ..models.llama import LlamaForCausalLM
-from ..model_load_error import ModelLoadError
 from ..models.weights import load_weights
-from ..layers import fused_cpu
-from . import int8_linear
-from .packed_linear import prepare_linears
-from . import distributed
-from .cpu_budget import usable_cpus
+from . import distributed, int8_linear
 from .attention import AttentionMetadata, SequenceSpan, TorchAttentionBackend, native_cpu, select_backend
+from .cpu_budget import usable_cpus
 from .cuda_graphs import DecodeGraphs, cuda_graph_capture, graph_batch_sizes
 from .device_sampler import DeviceSampler
 from .lora_slots import LoraSlots
 from .memory import plan_kv_cache_blocks, profile_cuda_memory
-from .sampler import SampleRequest, SampleResult, Sampler
+from .packed_linear import prepare_linears
+from .sampler import Sampler, SampleRequest, SampleResult
 from .transfer import to_device
 
 log = logging.getLogger(__name__)
