@@ -1,4 +1,4 @@
-"""The reference tables the READMEs carry, generated from the code that owns each fact.
+"""The reference tables the READMEs carry, generated from the code or the benchmark results that own each fact.
 
 Each table sits in its document between `<!-- generated:NAME -->` and `<!-- end generated:NAME -->`. `make docs`
 rewrites them; `stale()` names those that differ from what the code says now, which a test checks.
@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
+
+from docs import bench_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,6 +133,7 @@ def gateway_config() -> str:
 TABLES: dict[str, dict[str, Callable[[], str]]] = {
     "runtime/README.md": {"engine-flags": engine_flags, "server-flags": server_flags},
     "gateway/README.md": {"gateway-config": gateway_config},
+    "bench/README.md": bench_tables.TABLES,
 }
 
 

@@ -1,10 +1,12 @@
-"""The reference tables in the READMEs are what the code says, and the gateway's example file loads."""
+"""The reference tables in the READMEs are what the code and the benchmark results say, and the gateway's example
+file loads."""
+import json
 import re
 from pathlib import Path
 
 import yaml
 
-from docs import generate
+from docs import bench_tables, generate
 from sluice_gateway.config import GatewayConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,3 +26,21 @@ def test_gateway_readme_example_is_a_valid_config():
 def test_no_document_cites_a_file_outside_the_repository():
     documents = [ROOT / "README.md", *ROOT.glob("*/README.md"), *ROOT.glob("docs/*.md")]
     assert [str(d.relative_to(ROOT)) for d in documents if "DESIGN.md" in d.read_text()] == []
+
+
+def test_a_rerun_benchmark_makes_its_table_stale_until_make_docs(tmp_path, monkeypatch):
+    # A rerun writes its results file afresh, without the `host` fields added by hand; its table must follow it.
+    for source in (ROOT / "bench/results").glob("*.json"):
+        (tmp_path / source.name).write_text(source.read_text())
+    rerun = json.loads((tmp_path / "engine_lora.json").read_text())
+    del rerun["host"]
+    rerun["rows"]["4 adapters"]["output_tok_s"] = 4.25
+    rerun["adapters_over_base"] = 0.49
+    (tmp_path / "engine_lora.json").write_text(json.dumps(rerun))
+    monkeypatch.setattr(bench_tables, "RESULTS", tmp_path)
+
+    assert "bench/README.md" in generate.stale()
+    readme = next(new for path, (_, new) in generate.rendered().items() if path == ROOT / "bench/README.md")
+    lora = readme.split("<!-- generated:bench-lora -->")[1].split("<!-- end generated:bench-lora -->")[0]
+    assert "| 4 adapters | 4.2 |" in lora and "4 adapters / base: 0.49" in lora
+    assert "Run of an unrecorded date, machine not recorded, load average 8.4-8.7" in lora
