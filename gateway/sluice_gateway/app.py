@@ -4,6 +4,8 @@ Request path: auth → body → parse → model permission → route lookup → 
 model has no endpoint (cold_start_hold.py) → a less urgent priority class waits while every replica is saturated
 (priority_hold.py) → pick and forward (forwarder.py) → relay the response (relay.py).
 OpenAI's Responses and Anthropic's Messages take the chat path, translated on the way in and out (adapted_api.py).
+The lines of OpenAI batches (batch/) take the same path from the batch executor, as their tenant at the batch
+priority class, outside its online limits; each has its own request id, and its batch's id as its client's.
 The request travels as one RequestContext, with its budget (budget.py: its client's timeout), which bounds both
 holds and the retries and goes upstream as what is left of it.
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
@@ -20,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 from sluice_contracts import request_id
 from sluice_contracts.routing_table import Route, RoutingTable
@@ -28,6 +31,10 @@ from .access_record import record
 from .adapted_api import AdaptedSend, Stopped
 from .admission import Admission
 from .auth import KeyStore, require_principal
+from .batch.api import ENDPOINTS as BATCH_ENDPOINTS
+from .batch.api import BatchApi
+from .batch.executor import BatchExecutor
+from .batch.line_principal import line_principal
 from .budget import client_budget
 from .client_io import ClientGone, DeadlinedSend, read_body, send_all
 from .cold_start_hold import ColdStartHold
@@ -64,12 +71,19 @@ _PROXIED = {
 _ADAPTED = {"/v1/responses": "responses", "/v1/messages": "messages"}
 _CHAT_PATH = next(path for path, kind in _PROXIED.items() if kind == "chat")
 _RESPONSES = "/v1/responses/"
+_BATCH_ROOTS = ("/v1/files", "/v1/batches")
+_BATCH_PREFIXES = tuple(root + "/" for root in _BATCH_ROOTS)
+# What a multipart upload adds around the file itself, allowed past batch.max_file_bytes.
+_FORM_FRAMING_BYTES = 64 * 1024
 _MODELS = "/v1/models/"
 _JSON = (b"content-type", b"application/json")
 # Every API endpoint served, for the compatibility table of the README (checked against it by a test).
 API_ROUTES = (*(("POST", path) for path in (*_PROXIED, *_ADAPTED)), ("GET", "/v1/models"),
               ("GET", _MODELS + "{model}"), ("GET", _RESPONSES + "{id}"),
-              ("DELETE", _RESPONSES + "{id}"), ("POST", _RESPONSES + "{id}/cancel"))
+              ("DELETE", _RESPONSES + "{id}"), ("POST", _RESPONSES + "{id}/cancel"),
+              ("POST", "/v1/files"), ("GET", "/v1/files"), ("GET", "/v1/files/{id}"),
+              ("GET", "/v1/files/{id}/content"), ("DELETE", "/v1/files/{id}"), ("POST", "/v1/batches"),
+              ("GET", "/v1/batches"), ("GET", "/v1/batches/{id}"), ("POST", "/v1/batches/{id}/cancel"))
 # Request ids: a random per-process prefix and a counter, unique without a system call per request.
 _request_ids = (f"{uuid.uuid4().hex[:16]}{n:08x}".encode() for n in itertools.count())
 
@@ -113,6 +127,7 @@ class GatewayApp:
         )
         self.responses = ResponseStore(config.responses.store_ttl_s,
                                        self.limiter.client if isinstance(self.limiter, RedisLimiter) else None)
+        self.batch_api = BatchApi(config.batch)
         if self._started:
             self._start_polling()
 
@@ -146,6 +161,8 @@ class GatewayApp:
         warm_parser()
         self._start_polling()
         self._tasks.append(asyncio.create_task(self.files.run(lambda: self.config.routing.reload_interval_s)))
+        executor = BatchExecutor(lambda: self.batch_api if self._configured else None, self.run_batch_line)
+        self._tasks.append(asyncio.create_task(executor.run()))
 
     def _start_polling(self) -> None:
         if self._poller is not None:
@@ -231,7 +248,7 @@ class GatewayApp:
                 send.cut_off()  # after _proxy settled the request's admission
             return
         try:
-            status, body, content_type = await self._own(path, method, headers)
+            status, body, content_type = await self._own(scope, headers, receive)
         except GatewayError as err:
             status, body, content_type = err.status, err.body(), b"application/json"
         try:
@@ -240,8 +257,20 @@ class GatewayApp:
         except ClientGone:
             send.cut_off()
 
-    async def _own(self, path: str, method: str, headers: dict[bytes, bytes]) -> tuple[int, bytes, bytes]:
-        """An endpoint the gateway answers itself (plain_endpoints.py; stored responses)."""
+    async def _own(self, scope: dict[str, Any], headers: dict[bytes, bytes], receive: Any) -> tuple[int, bytes, bytes]:
+        """An endpoint the gateway answers itself (plain_endpoints.py; stored responses; files and batches)."""
+        path, method = scope["path"], scope["method"]
+        if path in _BATCH_ROOTS or path.startswith(_BATCH_PREFIXES):
+            principal = require_principal(self.keys, headers)
+            if principal.admin:
+                raise GatewayError(403, "admin keys may not call the inference API; use a tenant's key",
+                                   code="admin_key_not_allowed")
+            body = b""
+            if method == "POST":
+                body = await read_body(receive, headers, self.config.batch.max_file_bytes + _FORM_FRAMING_BYTES,
+                                       self.config.timeouts.request_read_s)
+            query = dict(parse_qsl(scope.get("query_string", b"").decode(errors="replace")))
+            return await self.batch_api.serve(method, path, query, principal, headers.get(b"content-type", b""), body)
         if path.startswith(_RESPONSES):
             response_id, _, action = path[len(_RESPONSES):].partition("/")
             if action not in ("", "cancel"):
@@ -268,7 +297,23 @@ class GatewayApp:
         return handler(self, headers)
 
     # -- the proxied endpoints ---------------------------------------------------------------------------
-    async def _proxy(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send) -> None:
+    async def run_batch_line(self, tenant: str, key_id: str, endpoint: str, body: dict[str, Any],
+                             batch_id: str) -> tuple[int, bytes, str]:
+        """One batch line through the proxied path: (status, answer body, its request id)."""
+        own_id = next(_request_ids)
+        ctx = RequestContext(BATCH_ENDPOINTS[endpoint], endpoint, own_id, batch_id.encode(), time.perf_counter(),
+                             Admission(self.limiter, self.metrics))
+        ctx.principal = line_principal(self.config, tenant, key_id)
+        if ctx.principal is None:
+            body_bytes = GatewayError(403, f"the batch's tenant {tenant!r} is no longer in the gateway's config",
+                                      code="tenant_not_found").body()
+            return 403, body_bytes, own_id.decode()
+        answer = _Captured()
+        await self._proxy(ctx, {}, _never_disconnects, answer, body=json.dumps(body).encode())
+        return answer.status, b"".join(answer.chunks), own_id.decode()
+
+    async def _proxy(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send,
+                     body: bytes | None = None) -> None:
         """Serve one proxied request; whatever happens, answer it in the API's format, settle and record it."""
         async def send_tracked(message: dict[str, Any]) -> None:
             ctx.response_started = True
@@ -278,7 +323,7 @@ class GatewayApp:
 
         self.metrics.in_flight.inc()
         try:
-            await self._serve(ctx, headers, receive, send_tracked)
+            await self._serve(ctx, headers, receive, send_tracked, body)
         except GatewayError as err:
             ctx.outcome.status = err.status
             ctx.outcome.overhead_s = time.perf_counter() - ctx.started
@@ -307,14 +352,18 @@ class GatewayApp:
             await ctx.admission.settle(ctx.outcome.prompt_tokens, ctx.outcome.completion_tokens, ctx.outcome.status)
             record(ctx, self.metrics, self.config.access_log)
 
-    async def _serve(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send) -> None:
-        """Auth, body, parse, then admission; then held while the model has no endpoint, picked and forwarded."""
-        ctx.principal = require_principal(self.keys, headers)
+    async def _serve(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send,
+                     body: bytes | None) -> None:
+        """Auth, body, parse, then admission; then held while the model has no endpoint, picked and forwarded.
+        A batch line comes with its principal and body."""
+        if ctx.principal is None:
+            ctx.principal = require_principal(self.keys, headers)
         if ctx.principal.admin:
             # An admin key opens /admin/*; were it also an inference key it would be one with no limits.
             raise GatewayError(403, "admin keys may not call the inference API; use a tenant's key",
                                code="admin_key_not_allowed")
-        body = await read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
+        if body is None:
+            body = await read_body(receive, headers, self.config.max_body_bytes, self.config.timeouts.request_read_s)
         if ctx.adapter is not None:
             body = await ctx.adapter.chat_body(body)
         parsed = ctx.parsed = await parse_request_off_loop(body, kind=ctx.kind,
@@ -386,6 +435,26 @@ class GatewayApp:
             self.metrics.client_disconnects.inc()
         finally:
             watcher.cancel()
+
+
+class _Captured:
+    """A batch line's answer, as the proxied path sends it."""
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.chunks: list[bytes] = []
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        else:
+            self.chunks.append(message.get("body", b""))
+
+
+async def _never_disconnects() -> dict[str, Any]:
+    """A batch line's receive: it has no client to leave."""
+    await asyncio.Event().wait()
+    return {"type": "http.disconnect"}
 
 
 def _warn_of_tenants_without_models(config: GatewayConfig) -> None:

@@ -228,6 +228,42 @@ class Responses(_Strict):
     )
 
 
+class Batch(_Strict):
+    """OpenAI's Files and Batches API (`/v1/files`, `/v1/batches`); the rules are in gateway/README.md ("Batch")."""
+
+    database: Path = Field(
+        default=Path("sluice-batch.sqlite3"),
+        description="SQLite file holding the files' and batches' metadata and each line's lease; relative to this "
+                    "file. Replicas that share it share the work.",
+    )
+    files_dir: Path = Field(
+        default=Path("sluice-batch-files"), description="Directory holding uploaded and produced files' contents; "
+                                                        "relative to this file.",
+    )
+    max_file_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, le=1024 * 1024 * 1024, strict=True,
+        description="Largest file a tenant may upload (else 413).",
+    )
+    max_file_lines: int = Field(
+        default=50_000, gt=0, le=1_000_000, strict=True, description="Most lines in an uploaded file (else 413).",
+    )
+    concurrency: int = Field(
+        default=8, ge=1, le=1024, strict=True, description="Batch lines each gateway replica runs at once.",
+    )
+    lease_s: float = Field(
+        default=60.0, ge=1, le=3600,
+        description="A line claimed by a replica that stops renewing its lease this long is run by another one.",
+    )
+    max_attempts: int = Field(
+        default=5, ge=1, le=100, strict=True,
+        description="Times a line is tried while the runtimes are busy or failing (429, 5xx) before it goes to the "
+                    "error file.",
+    )
+    priority_class: str = Field(
+        default="batch", description="The class of priority.classes batch lines run at.",
+    )
+
+
 class GatewayConfig(_Strict):
     listen: Listen = Listen()
     metrics_port: int = Field(
@@ -258,6 +294,7 @@ class GatewayConfig(_Strict):
     routing: Routing = Routing()
     cold_start: ColdStart = ColdStart()
     responses: Responses = Responses()
+    batch: Batch = Batch()
     admin_keys: tuple[ApiKey, ...] = Field(default=(), description="Keys that open `/admin/*`, and nothing else.")
     priority: Priority = Priority()
     tenants: tuple[Tenant, ...] = Field(default=(), description="Who may call the API, with which keys and limits.")
@@ -281,6 +318,13 @@ class GatewayConfig(_Strict):
         digests = [k.sha256 for t in self.tenants for k in t.keys] + [k.sha256 for k in self.admin_keys]
         if len(set(digests)) != len(digests):
             raise ValueError("the same API key is listed twice")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_class_exists(self) -> "GatewayConfig":
+        if self.batch.priority_class not in self.priority.classes:
+            raise ValueError(f"batch.priority_class {self.batch.priority_class!r} is not one of the classes "
+                             f"{sorted(self.priority.classes)} (priority.classes)")
         return self
 
     @model_validator(mode="after")
@@ -338,4 +382,8 @@ def load_config(path: str | Path) -> GatewayConfig:
         for name in ("routes_file", "upstream_credential_file")
         if (value := getattr(config, name)) is not None and not value.is_absolute()
     }
+    batch = {name: Path(path).parent / value for name in ("database", "files_dir")
+             if not (value := getattr(config.batch, name)).is_absolute()}
+    if batch:
+        relative["batch"] = config.batch.model_copy(update=batch)
     return config.model_copy(update=relative) if relative else config
