@@ -43,16 +43,13 @@ run: install
 	trap 'kill $$gw $$ready 2>/dev/null' EXIT INT TERM; \
 	$(VENV)/bin/sluice-runtime serve --model smollm2 --dtype auto --port 8000 --print-examples
 
-# ruff (pyproject.toml [tool.ruff]) over the paths already clean, and mypy ([tool.mypy]) on the contracts and the
-# gateway; LINT_PATHS widens as the rest of the tree is brought to the rules.
-LINT_PATHS := contracts gateway operator localcluster images runtime/sluice_runtime/server runtime/sluice_runtime/native_build.py \
-  locks docs bench/embedding_bench.py tests/contracts tests/gateway tests/server tests/docs tests/operator tests/chart \
-  tests/cluster tests/e2e tests/fixtures tests/images tests/clients
+# ruff (pyproject.toml [tool.ruff]) over the whole tree, and mypy ([tool.mypy]) on the contracts and the gateway.
 lint: install
-	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# The reference tables of runtime/README.md and gateway/README.md, from the code (docs/generate.py).
+# The generated tables of runtime/README.md, gateway/README.md and bench/README.md, from the code and the
+# benchmarks' results files (docs/generate.py).
 docs: install
 	$(PY) -m docs.generate
 

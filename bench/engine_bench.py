@@ -44,8 +44,8 @@ from pathlib import Path
 
 import torch
 
-from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.engine.llm_engine import LLMEngine
+from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -193,7 +193,7 @@ def throughput(args: argparse.Namespace) -> None:
     params_total = engine.runner.num_parameters
     embedding = engine.runner.model.embed_tokens.weight.numel()
     gflops = matmul_gflops(dtype)
-    # FLOPs of the whole mix (DESIGN.md, Benchmarks): prompt tokens skip the LM head, generated ones do not.
+    # FLOPs of the whole mix: prompt tokens skip the LM head, generated ones do not.
     prompt_tokens = sum(len(p) for p in prompts)
     output_tokens = args.requests * args.output_len
     mix_flops = 2 * (params_total - embedding) * prompt_tokens + 2 * params_total * output_tokens

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-
 from bench_process import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.engine.llm_engine import LLMEngine
+from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"

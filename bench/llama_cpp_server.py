@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-
 from bench_process import free_port, wait_http
+
 from sluice_runtime.cache_dir import sluice_cache_dir
 
 LLAMA_CPP_PYTHON = "0.3.36"

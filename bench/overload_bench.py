@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-
 from bench_process import wait_http
+
 from sluice_contracts.request_deadline import BUDGET_HEADER, header_value
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -28,7 +28,6 @@ from pathlib import Path
 import httpx
 import openai
 import yaml
-
 from bench_process import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent

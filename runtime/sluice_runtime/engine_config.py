@@ -7,8 +7,20 @@ from dataclasses import dataclass
 
 from sluice_contracts import runtime_flags
 from sluice_contracts.request_deadline import MAX_BUDGET_S
-from sluice_contracts.runtime_flags import (DTYPES, LORA_NAME_PATTERN, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN,
-                                           MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE)
+from sluice_contracts.runtime_flags import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DTYPE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_NUM_SEQS,
+    DTYPES,
+    LORA_NAME_PATTERN,
+    MAX_LORA_RANK,
+    MAX_LORAS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    TENSOR_PARALLEL_SIZE,
+)
 
 from .flags import add_flags, flag, from_flags
 
@@ -56,7 +68,7 @@ def parse_target_itl(value: str | float) -> str | float:
 @dataclass
 class EngineConfig:
     model: str = flag("smollm2", "'smollm2' (embedded default), a local HF model directory, or hf:ORG/NAME")
-    dtype: str = flag("float32", "weights, activations and KV cache; auto: bfloat16 where the hardware computes it "
+    dtype: str = flag(DEFAULT_DTYPE, "weights, activations and KV cache; auto: bfloat16 where the hardware computes it "
                                  "natively (CUDA, CPUs with AVX512-BF16 or AMX), else float32 (float16 on old GPUs)",
                       choices=DTYPES)
     quantization: str | None = flag(
@@ -65,7 +77,7 @@ class EngineConfig:
               "weights are widened per call (default: the --dtype weights)", choices=QUANTIZATIONS)
     device: str = flag("cpu", "cpu or cuda[:N]")
     # Rounded up to what the attention backend reads (a multiple of 256 tokens for flash-attn).
-    block_size: int = flag(16, "tokens per KV-cache block, a power of two up to 256 (rounded up to a multiple of "
+    block_size: int = flag(DEFAULT_BLOCK_SIZE, "tokens per KV-cache block, a power of two up to 256 (rounded up to a multiple of "
                                "256 for flash-attn)")
     # The replica's budget, all tensor-parallel ranks together; a value given on CUDA caps what
     # gpu_memory_utilization leaves.
@@ -74,7 +86,7 @@ class EngineConfig:
               "--gpu-memory-utilization leaves, which a value given here caps)")
     num_kv_blocks: int | None = flag(None, "KV-cache size in blocks; overrides --kv-cache-memory", parse=int)
     max_model_len: int | None = flag(None, "context length (default: the model's)", parse=int)
-    max_num_seqs: int = flag(64, "most sequences in one batch")
+    max_num_seqs: int = flag(DEFAULT_MAX_NUM_SEQS, "most sequences in one batch")
     # A decode step carries one token of every running sequence, so the default grows with max_num_seqs.
     max_num_batched_tokens: int | None = flag(None, "token budget of one engine step (default: 1024, or "
                                                     "--max-num-seqs where that is more)", parse=int)
@@ -97,7 +109,7 @@ class EngineConfig:
     attention_backend: str = flag("auto", "attention kernels; auto: flash-attn if importable on CUDA, else triton "
                                           "on CUDA, else torch", choices=ATTENTION_BACKENDS)
     enforce_eager: bool = flag(False, "CUDA: run decode steps without CUDA graphs")
-    gpu_memory_utilization: float = flag(0.9, "CUDA: share of each GPU for weights, activations and the KV cache, "
+    gpu_memory_utilization: float = flag(DEFAULT_GPU_MEMORY_UTILIZATION, "CUDA: share of each GPU for weights, activations and the KV cache, "
                                               "sized at start")
     tensor_parallel_size: int = flag(1, "shard the model across this many GPUs (processes on the CPU)")
     pooling: str = flag("mean", "how /v1/embeddings and /v1/rerank pool a prompt's final hidden states: mean (of "
@@ -106,7 +118,7 @@ class EngineConfig:
     enable_lora: bool = flag(False, "serve LoRA adapters: given with --lora or loaded with POST /v1/load_lora_adapter")
     max_loras: int = flag(1, "LoRA adapters resident at once; requests for others wait while their weights stay "
                              "in CPU memory")
-    max_lora_rank: int = flag(16, "largest LoRA rank accepted; every resident slot is sized for it")
+    max_lora_rank: int = flag(DEFAULT_MAX_LORA_RANK, "largest LoRA rank accepted; every resident slot is sized for it")
     lora: list[str] = flag(default_factory=list, help="a LoRA adapter served from the start, as NAME=PATH (a PEFT "
                                                       "directory); repeat for more", metavar="NAME=PATH",
                            repeatable=True)
@@ -150,7 +162,7 @@ class EngineConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
-        self.lora_modules  # refuses a malformed --lora now, not once the model has loaded
+        _ = self.lora_modules  # refuses a malformed --lora now, not once the model has loaded
 
     @property
     def lora_modules(self) -> dict[str, str]:

@@ -113,7 +113,7 @@ async def test_work_whose_caller_left_never_ends_the_loop(engine):
     vector, = await asyncio.wait_for(engine.embed([tok.encode("still here")]), timeout=60)
     assert abs(sum(x * x for x in vector) - 1) < 1e-4
     assert engine.is_running
-    last = None
-    async for last in engine.generate(tok.encode("Hello"), SamplingParams(temperature=0, max_tokens=3), "after"):
-        pass
+    outputs = [out async for out in engine.generate(tok.encode("Hello"), SamplingParams(temperature=0, max_tokens=3),
+                                                  "after")]
+    last = outputs[-1]
     assert last.finished and len(last.outputs[0].token_ids) == 3

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.engine.llm_engine import LLMEngine
+from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.sampling_params import SamplingParams
 
 

@@ -5,8 +5,15 @@ from dataclasses import fields
 
 import pytest
 
-from sluice_contracts.runtime_flags import (BLOCK_SIZES, DTYPES, MAX_LORA_RANK, MAX_LORAS, MAX_MODEL_LEN, MAX_NUM_SEQS,
-                                           TENSOR_PARALLEL_SIZE)
+from sluice_contracts.runtime_flags import (
+    BLOCK_SIZES,
+    DTYPES,
+    MAX_LORA_RANK,
+    MAX_LORAS,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    TENSOR_PARALLEL_SIZE,
+)
 from sluice_runtime.cli import _parser
 from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.server.settings import ServerSettings

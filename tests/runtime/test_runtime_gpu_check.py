@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.engine.llm_engine import LLMEngine
+from sluice_runtime.engine_config import EngineConfig
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "gpu_check.py"
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,

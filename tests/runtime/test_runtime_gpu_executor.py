@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from sluice_runtime.engine_config import ATTENTION_BACKENDS, EngineConfig
-from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.executor.attention import BACKENDS, TorchAttentionBackend, select_backend
 from sluice_runtime.executor.attention.base import SequenceSpan
 from sluice_runtime.executor.cuda_graphs import graph_batch_sizes, pad_decode_batch, padded_batch_size
 from sluice_runtime.executor.device_sampler import DeviceSampler
 from sluice_runtime.executor.memory import MemoryProfile, plan_kv_cache_blocks
-from sluice_runtime.executor.sampler import SampleRequest, Sampler
+from sluice_runtime.executor.sampler import Sampler, SampleRequest
 from sluice_runtime.layers.linear import ColumnParallelLinear, RowParallelLinear, TensorParallel
 from sluice_runtime.model_load_error import ModelLoadError
+from sluice_runtime.sampling_params import SamplingParams
 
 GiB = 2**30
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

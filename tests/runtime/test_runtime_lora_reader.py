@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from fixtures.gateway import RUNTIME_ARGS, TINY_MODEL_NAME
 from fixtures.lora import build_lora
 from fixtures.runtime_server import start_runtime_server

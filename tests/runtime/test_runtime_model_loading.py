@@ -46,8 +46,8 @@ def test_missing_files_are_named(smollm2_dir, tmp_path):
 
 
 def test_corrupt_weights_are_reported_not_a_traceback(smollm2_dir, tmp_path):
-    from sluice_runtime.engine_config import EngineConfig
     from sluice_runtime.engine.llm_engine import LLMEngine
+    from sluice_runtime.engine_config import EngineConfig
 
     model = _copy_model(smollm2_dir, tmp_path / "m")
     (model / "model.safetensors").write_bytes(b"\x00" * 1024)

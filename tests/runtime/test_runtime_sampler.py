@@ -1,9 +1,9 @@
 """The sampling both devices share: which tokens each truncation keeps, and draws that follow the distribution."""
 import torch
 
-from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.executor.device_sampler import DeviceSampler
-from sluice_runtime.executor.sampler import SampleRequest, Sampler, sampling_probs
+from sluice_runtime.executor.sampler import Sampler, SampleRequest, sampling_probs
+from sluice_runtime.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]])
 

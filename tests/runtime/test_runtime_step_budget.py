@@ -11,12 +11,21 @@ import math
 import pytest
 
 from sluice_runtime.engine.block_manager import BlockManager
-from sluice_runtime.engine_config import EngineConfig
-from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.engine.scheduler import Scheduler
 from sluice_runtime.engine.sequence import SequenceGroup
-from sluice_runtime.engine.step_budget import (AUTO, AUTO_DECODE_FACTOR, BATCH_MEMORY, DECODE_ONLY_MEMORY, MIN_CHUNK,
-                                               OFF, StepBudget, StepTimeModel, chunk_pairs)
+from sluice_runtime.engine.step_budget import (
+    AUTO,
+    AUTO_DECODE_FACTOR,
+    BATCH_MEMORY,
+    DECODE_ONLY_MEMORY,
+    MIN_CHUNK,
+    OFF,
+    StepBudget,
+    StepTimeModel,
+    chunk_pairs,
+)
+from sluice_runtime.engine_config import EngineConfig
+from sluice_runtime.sampling_params import SamplingParams
 
 # A 2-core AVX2 CPU running SmolLM2 in float32, roughly: 80 ms per step, 7 ms per token, 2 us per
 # attention pair (a query token and a key it reads).

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sluice_runtime.engine.llm import LLM
-from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.model_load_error import ModelLoadError
+from sluice_runtime.sampling_params import SamplingParams
 
 
 def _run(model: str, size: int, prompts, params, **engine_args):

@@ -155,11 +155,11 @@ def test_engine_on_triton_kernels_matches_torch(tiny_model_dir):
 
 def test_padded_graph_decode_matches_eager(tiny_model_dir):
     """The CUDA-graph decode path (static buffers, padding to the ladder) on the CPU, replayed eagerly."""
-    from sluice_runtime.sampling_params import SamplingParams
-    from sluice_runtime.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
     from sluice_runtime.engine_config import EngineConfig
+    from sluice_runtime.executor.cuda_graphs import DecodeGraphs, graph_batch_sizes
     from sluice_runtime.executor.model_runner import BatchItem, ModelRunner, StepInputs
     from sluice_runtime.executor.sampler import SampleRequest
+    from sluice_runtime.sampling_params import SamplingParams
 
     runner = ModelRunner(tiny_model_dir, EngineConfig(attention_backend="triton", block_size=4, num_kv_blocks=64,
                                                       max_num_seqs=4, max_model_len=128))

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 from ..engine_config import EngineConfig
+from ..sampling_params import SamplingParams
 from .errors import EngineDead, EngineError, EngineOverloaded
 from .llm_engine import EngineStats, LLMEngine
 from .output_mailbox import OutputMailbox
 from .outputs import SHED, RequestOutput
-from ..sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import itertools
 from tqdm import tqdm
 
 from ..engine_config import EngineConfig
+from ..sampling_params import SamplingParams
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
-from ..sampling_params import SamplingParams
 
 
 class LLM:

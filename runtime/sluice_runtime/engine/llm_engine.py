@@ -10,20 +10,20 @@ from dataclasses import dataclass, field, replace
 from sluice_contracts import metric_names as names
 from sluice_contracts.request_priority import DEFAULT_CLASS, DEFAULT_CLASSES
 
+from ..engine_config import EngineConfig
 from ..executor.model_runner import BatchItem, ModelRunner
 from ..executor.sampler import SampleRequest, SampleResult
+from ..model_load_error import ModelLoadError
 from ..models.loading import ModelInfo, resolve_model, validate_model_dir
 from ..models.lora_adapter import AdapterError, LoraAdapter, read_adapter
+from ..sampling_params import SamplingParams
 from . import admission
 from .admission import EngineLoad, Queued
 from .block_manager import BlockManager
-from ..engine_config import EngineConfig
 from .detokenizer import Detokenizer
 from .errors import DeadlineUnattainable, EngineOverloaded, RequestRejected
 from .lora_registry import LoraRegistry
 from .outputs import EXPIRED, SHED, CompletionOutput, RequestOutput, TokenLogprob
-from ..sampling_params import SamplingParams
-from ..model_load_error import ModelLoadError
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence, SequenceGroup
 

@@ -6,9 +6,9 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from ..sampling_params import SamplingParams
 from .lora_registry import LoraRef
 from .outputs import RequestMetrics, TokenLogprob
-from ..sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

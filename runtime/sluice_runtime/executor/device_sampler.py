@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampler import SampleRequest, SampleResult, Sampler, race, sampling_probs
+from .sampler import Sampler, SampleRequest, SampleResult, race, sampling_probs
 
 
 def needs_host(req: SampleRequest) -> bool:

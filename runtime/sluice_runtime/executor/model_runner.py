@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
+from sluice_contracts.runtime_flags import DEFAULT_CPU_KV_CACHE_MEMORY
+
 from ..cpu_isa import CpuIsaError, CpuPaths, cpu_paths
-from ..engine_config import EngineConfig
+from ..engine_config import EngineConfig, parse_memory
 from ..layers import fused_cpu
 from ..layers.linear import TensorParallel
 from ..model_load_error import ModelLoadError
@@ -37,7 +39,7 @@ from .transfer import to_device
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CPU_KV_CACHE = 1 << 30
+DEFAULT_CPU_KV_CACHE = parse_memory(DEFAULT_CPU_KV_CACHE_MEMORY)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

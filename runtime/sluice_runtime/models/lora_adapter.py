@@ -16,8 +16,15 @@ from pathlib import Path
 import torch
 
 from .adapter_files import (
-    AdapterError, TensorEntry, clipped, open_inside, read_bounded, read_safetensors_header, read_tensors,
-    resolve_directory, short,
+    AdapterError,
+    TensorEntry,
+    clipped,
+    open_inside,
+    read_bounded,
+    read_safetensors_header,
+    read_tensors,
+    resolve_directory,
+    short,
 )
 from .config import ModelConfig
 
