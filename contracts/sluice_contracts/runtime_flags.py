@@ -44,6 +44,9 @@ MAX_LORA_RANK = IntRange("max lora rank", 1, 512)
 # labels: letters, digits and . _ - only (no commas, which separate names in vllm:lora_requests_info).
 LORA_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
+# --quantization methods of the sluice engine (vLLM's names): weights quantized as the model loads.
+QUANTIZATIONS = ("int8",)
+
 # The sluice engine's defaults: the runtime starts with them, and the operator passes them for a spec that leaves
 # the field unset, so a pod started by hand and one the operator made serve alike.
 DEFAULT_DTYPE = "float32"

@@ -19,6 +19,7 @@ from sluice_contracts.runtime_flags import (
     MAX_LORAS,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
+    QUANTIZATIONS,
     TENSOR_PARALLEL_SIZE,
 )
 
@@ -28,8 +29,6 @@ AUTO, OFF = "auto", "off"  # --target-itl-ms modes besides milliseconds
 
 # The names executor.attention.BACKENDS accepts, repeated so parsing flags does not import torch.
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
-# --quantization methods, vLLM's names (executor/int8_linear.py).
-QUANTIZATIONS = ("int8",)
 # How /v1/embeddings turns a prompt's final hidden states into one vector (then L2-normalized).
 POOLINGS = ("mean", "last")
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,

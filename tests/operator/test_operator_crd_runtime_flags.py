@@ -17,7 +17,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from sluice_contracts.runtime_flags import DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, TENSOR_PARALLEL_SIZE
+from sluice_contracts.runtime_flags import DTYPES, MAX_MODEL_LEN, MAX_NUM_SEQS, QUANTIZATIONS, TENSOR_PARALLEL_SIZE
 from sluice_operator.builders import Owner, build_deployment
 from sluice_operator.crd import InferenceModelSpec
 
@@ -36,6 +36,7 @@ TRIED = [
     (("runtime", "dtype"), [*DTYPES, "fp8", "Float32", "float64", ""]),
     (("runtime", "maxModelLen"), _around(MAX_MODEL_LEN)),
     (("runtime", "maxNumSeqs"), [*_around(MAX_NUM_SEQS), 1024, 1025]),
+    (("runtime", "quantization"), [*QUANTIZATIONS, "int4", "INT8", "fp8", ""]),
     (("tensorParallelSize",), _around(TENSOR_PARALLEL_SIZE)),
 ]
 CASES = [(path, value) for path, values in TRIED for value in values]

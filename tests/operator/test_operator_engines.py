@@ -80,6 +80,12 @@ def test_sluice_keeps_its_defaults_when_fields_are_unset():
     assert _flag(args, "--dtype") == "float32" and _flag(args, "--kv-cache-memory") == "1GiB"
     assert "--gpu-memory-utilization" not in args
     assert _flag(_container(_spec("sluice", gpuMemoryUtilization=0.5))["args"], "--gpu-memory-utilization") == "0.5"
+    assert "--quantization" not in args
+
+
+def test_sluice_quantizes_its_weights_when_asked():
+    args = _container(_spec("sluice", quantization="int8"))["args"]
+    assert _flag(args, "--quantization") == "int8"
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

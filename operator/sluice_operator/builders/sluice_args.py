@@ -37,6 +37,8 @@ def sluice_command(name: str, spec: InferenceModelSpec, mount: ModelMount, drain
         args += ["--gpu-memory-utilization", str(rt.gpu_memory_utilization)]
     if spec.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    if rt.quantization is not None:
+        args += ["--quantization", rt.quantization]
     args += list(rt.args)
     if credential_secret is not None:
         args += ["--api-key-file", runtime_credential.MOUNT_PATH]

@@ -18,6 +18,7 @@ from sluice_contracts.runtime_flags import (
     MAX_LORAS,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
+    QUANTIZATIONS,
     TENSOR_PARALLEL_SIZE,
 )
 
@@ -72,8 +73,12 @@ SLUICE_DTYPE = runtime_flags.DEFAULT_DTYPE
 SLUICE_KV_CACHE_MEMORY = runtime_flags.DEFAULT_CPU_KV_CACHE_MEMORY
 # runtime fields (camelCase) an engine has no flag for, with what to use instead; refused at the API server.
 ENGINE_UNSUPPORTED: dict[str, dict[str, str]] = {
-    "sglang": {"kvCacheMemory": "SGLang sizes its KV cache from runtime.gpuMemoryUtilization (--mem-fraction-static)"},
+    "sglang": {"kvCacheMemory": "SGLang sizes its KV cache from runtime.gpuMemoryUtilization (--mem-fraction-static)",
+               "quantization": "SGLang reads a quantized checkpoint's own configuration; name one in model.source"},
+    "vllm": {"quantization": "vLLM reads a quantized checkpoint's own configuration; name one in model.source"},
 }
+MSG_QUANTIZATION_TP = "runtime.quantization is not supported with tensorParallelSize above 1"
+MSG_QUANTIZATION_ADAPTERS = "runtime.quantization is not supported with adapters (they were trained on unquantized weights)"
 
 
 def msg_unsupported(engine: str, field_name: str) -> str:
@@ -106,6 +111,7 @@ MSG_NAME = (
 _RUNTIME_CHOICES = {
     "dtype": (DTYPES, runtime_flags.dtype_message),
     "block_size": (BLOCK_SIZES, runtime_flags.block_size_message),
+    "quantization": (QUANTIZATIONS, lambda value: f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {value!r}"),
 }
 
 
@@ -204,6 +210,11 @@ class RuntimeSpec(SpecModel):
         description=f"Weight and activation precision; float32 suits CPUs, bfloat16 most GPUs; auto: the engine "
                     f"chooses (sluice: bfloat16 where the node's hardware computes it natively, else float32). "
                     f"Unset: {SLUICE_DTYPE} for sluice, the engine's own default for vllm and sglang.",
+    )
+    quantization: str | None = Field(
+        default=None, json_schema_extra={"enum": list(QUANTIZATIONS)},
+        description="Weights quantized as the model loads (the sluice engine's --quantization): int8, with a scale "
+                    "per output channel, about a third of float32's weight memory. Unset: the dtype's weights.",
     )
     kv_cache_memory: str | None = Field(
         default=None, pattern=KV_CACHE_PATTERN, max_length=32,
@@ -486,6 +497,8 @@ class InferenceModelSpec(SpecModel):
                 cel("!has(self.adapters) || self.adapters.all(a, !has(a.rank) || a.rank <= self.runtime.maxLoraRank)",
                     MSG_ADAPTER_RANK, ".adapters"),
                 cel("!has(self.adapters) || self.runtime.engine != 'sglang'", MSG_ADAPTER_ENGINE, ".adapters"),
+                cel("!has(self.runtime.quantization) || self.tensorParallelSize <= 1", MSG_QUANTIZATION_TP),
+                cel("!has(self.runtime.quantization) || !has(self.adapters)", MSG_QUANTIZATION_ADAPTERS),
             ]
         }
     }
@@ -497,6 +510,10 @@ class InferenceModelSpec(SpecModel):
     def _enough_gpus(self) -> "InferenceModelSpec":
         if self.tensor_parallel_size > 1 and self.resources.gpus < self.tensor_parallel_size:
             raise ValueError(MSG_TP_GPUS)
+        if self.runtime.quantization is not None and self.tensor_parallel_size > 1:
+            raise ValueError(MSG_QUANTIZATION_TP)
+        if self.runtime.quantization is not None and self.adapters is not None:
+            raise ValueError(MSG_QUANTIZATION_ADAPTERS)
         if self.replicas == 0 and (self.autoscaling is None or not self.autoscaling.scales_to_zero):
             raise ValueError(MSG_ZERO_REPLICAS)
         return self
