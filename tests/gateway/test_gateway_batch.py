@@ -1,8 +1,10 @@
 """OpenAI's Files and Batches API at the gateway, through the official client, in front of a real runtime: chat
 and embeddings batches end to end, each tenant's own files and batches, validation, limits, cancel, and a
 gateway killed mid-batch that finishes every line exactly once after its restart."""
+import contextlib
 import io
 import json
+import sqlite3
 import time
 
 import httpx
@@ -25,7 +27,7 @@ def config(tmp, **batch):
         {"name": "alice", "keys": [key_entry("alice-key", ALICE)], "limits": {"requests_per_minute": 2}},
         {"name": "bob", "keys": [key_entry("bob-key", BOB)]},
         {"name": "carol", "keys": [key_entry("carol-key", CAROL)], "models": ["other-*"]},
-    ], batch={"database": str(tmp / "batch.sqlite3"), "files_dir": str(tmp / "files"), "lease_s": 2,
+    ], shutdown={"ready_grace_s": 0}, batch={"database": str(tmp / "batch.sqlite3"), "files_dir": str(tmp / "files"), "lease_s": 2,
               "max_file_lines": 50, "max_file_bytes": 64 * 1024, **batch})
 
 
@@ -221,23 +223,63 @@ def test_a_gateway_killed_mid_batch_loses_no_line_and_repeats_none(routes, tmp_p
     assert ran_second <= answered_by and len(ran_second) == 24 - len(kept_from_first)
 
 
-def test_a_cancelled_batch_stops_its_lines_not_yet_started(routes, tmp_path):
-    with run_gateway(config(tmp_path, concurrency=1), routes, tmp_path / "gateway") as gateway:
-        alice = client(gateway, ALICE)
-        lines = [chat_line(f"c{n}", max_tokens=12) for n in range(30)]
-        batch = alice.batches.create(input_file_id=upload(alice, lines).id, endpoint="/v1/chat/completions",
-                                     completion_window="24h")
-        while alice.batches.retrieve(batch.id).request_counts.completed < 1:
-            pass
-        cancelling = alice.batches.cancel(batch.id)
-        assert cancelling.status == "cancelling" and cancelling.cancelling_at
-        done = wait_done(alice, batch.id)
-        assert done.status == "cancelled" and done.cancelled_at
-        counts = done.request_counts
-        assert counts.completed >= 1 and counts.failed >= 20 and counts.completed + counts.failed == 30
-        output, errors = lines_of(alice, done.output_file_id), lines_of(alice, done.error_file_id)
-        assert sorted(line["custom_id"] for line in output + errors) == sorted(f"c{n}" for n in range(30))
-        assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+@pytest.fixture(scope="module")
+def one_line_at_a_time(routes, tmp_path_factory):
+    """A gateway that runs one batch line at a time, so that batches are caught part-way through."""
+    workdir = tmp_path_factory.mktemp("batch-serial")
+    with run_gateway(config(workdir, concurrency=1), routes, workdir) as gw:
+        yield gw, workdir
+
+
+def _part_run(api, custom_prefix, count=30):
+    lines = [chat_line(f"{custom_prefix}{n}", max_tokens=12) for n in range(count)]
+    batch = api.batches.create(input_file_id=upload(api, lines).id, endpoint="/v1/chat/completions",
+                               completion_window="24h")
+    while api.batches.retrieve(batch.id).request_counts.completed < 1:
+        time.sleep(0.02)
+    return batch
+
+
+def _check_partial(api, done, custom_prefix, code, count=30):
+    counts = done.request_counts
+    assert counts.completed >= 1 and counts.failed >= count // 2 and counts.completed + counts.failed == count
+    output, errors = lines_of(api, done.output_file_id), lines_of(api, done.error_file_id)
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(f"{custom_prefix}{n}" for n in range(count))
+    assert {line["error"]["code"] for line in errors} == {code}
+
+
+def test_a_cancelled_batch_stops_its_lines_not_yet_started(one_line_at_a_time):
+    alice = client(one_line_at_a_time[0], ALICE)
+    batch = _part_run(alice, "c")
+    cancelling = alice.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    done = wait_done(alice, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at
+    _check_partial(alice, done, "c", "batch_cancelled")
+
+
+def test_a_batch_past_its_window_ends_expired_with_what_completed(one_line_at_a_time):
+    gateway, workdir = one_line_at_a_time
+    bob = client(gateway, BOB)
+    batch = _part_run(bob, "x")
+    # Its 24 hours pass: the stored deadline is moved, as no test can wait for the clock.
+    with contextlib.closing(sqlite3.connect(workdir / "batch.sqlite3")) as db, db:
+        db.execute("UPDATE batches SET body = json_set(body, '$.expires_at', 0) WHERE id = ?", (batch.id,))
+    done = wait_done(bob, batch.id)
+    assert done.status == "expired" and done.expired_at
+    _check_partial(bob, done, "x", "batch_expired")
+
+
+def test_one_tenants_long_batch_does_not_hold_back_anothers(one_line_at_a_time):
+    gateway, _ = one_line_at_a_time
+    bob, alice = client(gateway, BOB), client(gateway, ALICE)
+    long = bob.batches.create(input_file_id=upload(bob, [chat_line(f"l{n}") for n in range(30)]).id,
+                              endpoint="/v1/chat/completions", completion_window="24h")
+    short = alice.batches.create(input_file_id=upload(alice, [chat_line("s0"), chat_line("s1")]).id,
+                                 endpoint="/v1/chat/completions", completion_window="24h")
+    assert wait_done(alice, short.id).status == "completed"
+    assert bob.batches.retrieve(long.id).request_counts.completed < 20
+    assert wait_done(bob, long.id).status == "completed"
 
 
 def test_the_batch_settings_are_checked_and_their_paths_follow_the_config(tmp_path):

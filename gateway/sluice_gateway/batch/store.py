@@ -160,14 +160,15 @@ class BatchStore:
                 _end_pending(db, batch_id, "batch_expired", "The batch expired before this line ran.")
 
     def claim(self, owner: str, count: int, lease_s: float) -> list[Claimed]:
-        """Lease up to `count` lines: pending ones, or running ones whose replica stopped renewing its lease."""
+        """Lease up to `count` lines: pending ones, or running ones whose replica stopped renewing its lease.
+        Batches take turns, line by line, so that a long batch does not hold back the ones made after it."""
         now = time.time()
         with self._db() as db:
             rows = db.execute(
                 "SELECT l.batch_id, l.line_no, l.custom_id, l.request, l.attempts, b.tenant, b.key_id, "
                 "json_extract(b.body, '$.endpoint') FROM lines l JOIN batches b ON b.id = l.batch_id "
                 "WHERE l.state = 'pending' OR (l.state = 'running' AND l.lease_until < ?) "
-                "ORDER BY b.created_seq, l.line_no LIMIT ?", (now, count)).fetchall()
+                "ORDER BY l.line_no, b.created_seq LIMIT ?", (now, count)).fetchall()
             db.executemany("UPDATE lines SET state = 'running', owner = ?, lease_until = ? WHERE batch_id = ? AND "
                            "line_no = ?", [(owner, now + lease_s, row[0], row[1]) for row in rows])
         return [Claimed(row[0], row[1], row[2], json.loads(row[3]), *row[4:]) for row in rows]
