@@ -33,7 +33,8 @@ def config(tmp, **batch):
 
 @pytest.fixture(scope="module")
 def routes(tiny_runtimes):
-    return table(tiny={"backends": [backend("tiny-v1", tiny_runtimes[0].url)]})
+    return table(tiny={"backends": [backend("tiny-v1", tiny_runtimes[0].url)]},
+                 sleepy={"backends": [backend("sleepy-v1")]})  # scaled to zero until a test gives it an endpoint
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +228,8 @@ def test_a_gateway_killed_mid_batch_loses_no_line_and_repeats_none(routes, tmp_p
 def one_line_at_a_time(routes, tmp_path_factory):
     """A gateway that runs one batch line at a time, so that batches are caught part-way through."""
     workdir = tmp_path_factory.mktemp("batch-serial")
-    with run_gateway(config(workdir, concurrency=1), routes, workdir) as gw:
+    settings = {**config(workdir, concurrency=1, max_attempts=1), "cold_start": {"max_wait_s": 0.5}}
+    with run_gateway(settings, routes, workdir) as gw:
         yield gw, workdir
 
 
@@ -280,6 +282,24 @@ def test_one_tenants_long_batch_does_not_hold_back_anothers(one_line_at_a_time):
     assert wait_done(alice, short.id).status == "completed"
     assert bob.batches.retrieve(long.id).request_counts.completed < 20
     assert wait_done(bob, long.id).status == "completed"
+
+
+def test_a_batch_waits_for_its_model_to_start_without_using_up_its_attempts(one_line_at_a_time, routes,
+                                                                            tiny_runtimes):
+    gateway, _ = one_line_at_a_time
+    bob = client(gateway, BOB)
+    lines = [{**chat_line(f"z{n}"), "body": {**chat_line("")["body"], "model": "sleepy"}} for n in range(2)]
+    batch = bob.batches.create(input_file_id=upload(bob, lines).id, endpoint="/v1/chat/completions",
+                               completion_window="24h")
+    time.sleep(2)  # each line held past cold_start.max_wait_s a few times, with one attempt allowed
+    waiting = bob.batches.retrieve(batch.id)
+    assert waiting.status == "in_progress" and waiting.request_counts.failed == 0
+    started = json.loads(json.dumps(routes))
+    started["generation"] += 1
+    started["routes"]["sleepy"]["backends"][0]["endpoints"] = [tiny_runtimes[0].url]
+    gateway.write_routes(started)
+    done = wait_done(bob, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 2
 
 
 def test_the_batch_settings_are_checked_and_their_paths_follow_the_config(tmp_path):

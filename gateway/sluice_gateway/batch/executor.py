@@ -26,6 +26,9 @@ log = logging.getLogger("sluice_gateway.batch")
 RunLine = Callable[[str, str, str, dict[str, Any], str], Awaitable[tuple[int, bytes, str]]]
 _POLL_S = 0.5
 _RETRIED = frozenset({429, 500, 502, 503, 504})
+# Refusals that say "not now" (every replica saturated with more urgent work, or the model still starting): the
+# line waits for capacity as long as its batch's window lasts, without using up its attempts.
+_WAIT_CODES = frozenset({"saturated", "model_starting"})
 
 
 class BatchExecutor:
@@ -77,13 +80,18 @@ class BatchExecutor:
         except Exception:
             log.exception("batch %s line %d could not be run", line.batch_id, line.line_no)
             status, body, request_id = 500, b'{"error": {"message": "internal error in the gateway"}}', ""
-        if status in _RETRIED and line.attempts + 1 < api.settings.max_attempts:
-            await asyncio.to_thread(api.store.retry, line, self._owner)
-            return
         try:
             answer = json.loads(body)
         except ValueError:
             answer = {"error": {"message": body.decode(errors="replace")}}
+        error = answer.get("error") if isinstance(answer, dict) else None
+        code = error.get("code") if isinstance(error, dict) else None
+        if status == 503 and code in _WAIT_CODES:
+            await asyncio.to_thread(api.store.retry, line, self._owner, False)
+            return
+        if status in _RETRIED and line.attempts + 1 < api.settings.max_attempts:
+            await asyncio.to_thread(api.store.retry, line, self._owner, True)
+            return
         result = {"id": line_id(line.batch_id, line.line_no), "custom_id": line.custom_id,
                   "response": {"status_code": status, "request_id": request_id, "body": answer}, "error": None}
         await asyncio.to_thread(api.store.finish, line, self._owner, 200 <= status < 300, result)

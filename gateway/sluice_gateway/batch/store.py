@@ -185,10 +185,12 @@ class BatchStore:
                        "owner = ? AND state = 'running'", (int(ok), json.dumps(result), line.batch_id, line.line_no,
                                                           owner))
 
-    def retry(self, line: Claimed, owner: str) -> None:
+    def retry(self, line: Claimed, owner: str, counted: bool) -> None:
+        """Hand a line back to be claimed again, counting an attempt against it or not."""
         with self._db() as db:
-            db.execute("UPDATE lines SET state = 'pending', owner = NULL, attempts = attempts + 1 WHERE batch_id = ? "
-                       "AND line_no = ? AND owner = ? AND state = 'running'", (line.batch_id, line.line_no, owner))
+            db.execute("UPDATE lines SET state = 'pending', owner = NULL, attempts = attempts + ? WHERE batch_id = ? "
+                       "AND line_no = ? AND owner = ? AND state = 'running'",
+                       (int(counted), line.batch_id, line.line_no, owner))
 
     def to_finalize(self) -> list[str]:
         """Batches every line of which is done, not yet completed, expired or cancelled."""
