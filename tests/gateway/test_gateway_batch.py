@@ -119,6 +119,18 @@ def test_an_embeddings_batch(gateway):
     assert all(len(line["response"]["body"]["data"][0]["embedding"]) > 0 for line in output)
 
 
+def test_a_completions_batch(gateway):
+    bob = client(gateway, BOB)
+    lines = [{"custom_id": "p0", "method": "POST", "url": "/v1/completions",
+              "body": {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 3}}]
+    batch = bob.batches.create(input_file_id=upload(bob, lines).id, endpoint="/v1/completions",
+                               completion_window="24h")
+    done = wait_done(bob, batch.id)
+    assert done.status == "completed"
+    [line] = lines_of(bob, done.output_file_id)
+    assert line["custom_id"] == "p0" and line["response"]["body"]["usage"]["completion_tokens"] <= 3
+
+
 def test_another_tenants_files_and_batches_are_not_found(gateway):
     alice, bob = client(gateway), client(gateway, BOB)
     uploaded = upload(alice, [chat_line("only")])
