@@ -31,6 +31,12 @@ runs the weight-only one). Writes bench/results/quantization-LEVEL.json.
 engine (--enable-lora --max-loras 4); base, adapters, base again, so a change in the machine's load
 shows on both sides. Reports output tokens/s and adapters / base (target >= 0.7). Writes
 bench/results/engine_lora.json.
+
+--mix speculative: greedy chats whose answers repeat their prompts (repeat a list, rewrite a paragraph with one
+word changed, rename a variable in code) and chats whose answers do not (stories, explanations), each at
+--concurrency, without and with --speculative-config (n-gram, K=5, lookup 3..1), rows alternating. Reports
+output tokens/s, mean ITL, plain / speculative ITL per row pair and the acceptance rate (accepted / draft
+tokens). Writes bench/results/speculative-LEVEL.json.
 """
 from __future__ import annotations
 
@@ -73,8 +79,9 @@ def fresh_tokens(prompts: list[list[int]], vocab: int, tag: str) -> list[list[in
     return [[rng.randrange(100, vocab) for _ in prompt] for prompt in prompts]
 
 
-def run_engine(engine: LLMEngine, prompts, output_len: int, concurrency: int, streamed: bool = False) -> dict:
-    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0)
+def run_engine(engine: LLMEngine, prompts, output_len: int, concurrency: int, streamed: bool = False,
+               ignore_eos: bool = True) -> dict:
+    params = SamplingParams(max_tokens=output_len, ignore_eos=ignore_eos, temperature=0)
     pending = list(enumerate(prompts))
     submitted: dict[str, float] = {}
     ttfts, itls, tokens = [], [], 0
@@ -147,7 +154,8 @@ def run_hf_generate_batch(model, prompts, output_len: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mix", choices=["throughput", "short-under-long", "lora", "quantization"], default="throughput")
+    parser.add_argument("--mix", choices=["throughput", "short-under-long", "lora", "quantization", "speculative"],
+                        default="throughput")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--sequential-requests", type=int, default=6,
                         help="requests for the one-at-a-time rows (concurrency 1 and transformers generate)")
@@ -179,6 +187,8 @@ def main() -> None:
         lora_mix(args)
     elif args.mix == "quantization":
         quantization_mix(args)
+    elif args.mix == "speculative":
+        speculative_mix(args)
     else:
         throughput(args)
 
@@ -513,6 +523,70 @@ def quantization_mix(args: argparse.Namespace) -> None:
                "int8_over_float32": ratios, "weight_bytes": weights, "torch_threads": torch.get_num_threads(),
                "requests": args.requests, "output_len": args.output_len}
     (RESULTS / f"quantization-{paths.level}.json").write_text(json.dumps(summary, indent=2))
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+PARAGRAPH = ("The harbour town wakes before dawn. Fishing boats slip out past the breakwater while the bakery on "
+             "the square lights its ovens, and by seven the market stalls are stacked with bread, cheese and the "
+             "night's catch. Visitors arrive on the first ferry, climb the hill to the old fort, and come back down "
+             "for lunch on the quay.")
+CODE = ("def total_price(items, tax):\n    subtotal = 0\n    for item in items:\n        subtotal += item.price * "
+        "item.quantity\n    return subtotal * (1 + tax)\n")
+REPEATING = [
+    "Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango.",
+    f"Rewrite this paragraph with 'harbour' changed to 'river', nothing else changed:\n\n{PARAGRAPH}",
+    f"Rename the variable subtotal to running_total in this code and print the whole code:\n\n{CODE}",
+    f"Copy this text word for word:\n\n{PARAGRAPH}",
+    f"Add a docstring to this function and print the whole function:\n\n{CODE}",
+    "Repeat this list exactly: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, January, February.",
+    f"Rewrite this paragraph with 'bakery' changed to 'cafe', nothing else changed:\n\n{PARAGRAPH}",
+    f"Rename the function total_price to order_total in this code and print the whole code:\n\n{CODE}",
+]
+OPEN = [
+    "Write a short story about a lighthouse keeper.", "Explain how vaccines work.",
+    "Describe a good weekend in the mountains.", "What makes a good teacher?",
+    "Write a poem about autumn rain.", "Explain why the sky is blue.",
+    "Give advice to someone starting to learn the piano.", "Describe the life cycle of a star.",
+]
+
+
+def speculative_mix(args: argparse.Namespace) -> None:
+    from sluice_runtime.cpu_isa import cpu_paths
+
+    engines = {name: LLMEngine(EngineConfig(model="smollm2", dtype=args.dtype, max_num_seqs=64,
+                                            speculative_config=config))
+               for name, config in (("plain", None), ("ngram", json.dumps(NGRAM)))}
+    tok = engines["plain"].tokenizer
+
+    def chats(texts: list[str]) -> list[list[int]]:
+        return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False) for t in texts]
+
+    workloads = {"repeating": chats(REPEATING), "open": chats(OPEN)}
+    for each in engines.values():
+        run_engine(each, workloads["open"][:2], 8, 2, ignore_eos=False)
+    rows: dict[str, dict] = {}
+    ratios: dict[str, float] = {}
+    for c in args.concurrency:
+        for workload, prompts in workloads.items():
+            subset = prompts[: args.sequential_requests] if c == 1 else prompts
+            for name, each in engines.items():
+                row = f"{workload} {name} c={c}"
+                before = (each.num_draft_tokens, each.num_accepted_tokens)
+                rows[row] = run_engine(each, subset, args.output_len, c, ignore_eos=False)
+                drafted, accepted = each.num_draft_tokens - before[0], each.num_accepted_tokens - before[1]
+                rows[row]["acceptance_rate"] = accepted / drafted if drafted else None
+                print(f"{row}: {rows[row]['output_tok_s']:.1f} tok/s, ITL {rows[row]['mean_itl_s'] * 1000:.1f} ms, "
+                      f"acceptance {rows[row]['acceptance_rate']}, load {rows[row]['load_average']}", flush=True)
+            key = f"{workload} c={c}"
+            ratios[key] = rows[f"{workload} plain c={c}"]["mean_itl_s"] / rows[f"{workload} ngram c={c}"]["mean_itl_s"]
+            print(f"{key}: plain ITL / ngram ITL {ratios[key]:.2f}", flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    paths = cpu_paths()
+    host = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": paths.describe()}
+    summary = {"host": host, "cpu": paths.describe(), "speculative_config": NGRAM, "rows": rows, "plain_itl_over_ngram_itl": ratios,
+               "torch_threads": torch.get_num_threads(), "output_len": args.output_len}
+    (RESULTS / f"speculative-{paths.level}.json").write_text(json.dumps(summary, indent=2))
 
 
 def _plot(rows: dict, roofline: float) -> None:

@@ -23,6 +23,7 @@ from sluice_contracts.runtime_flags import (
     TENSOR_PARALLEL_SIZE,
 )
 
+from .engine.speculation import SpeculativeConfig, parse_speculative_config
 from .flags import add_flags, flag, from_flags
 
 AUTO, OFF = "auto", "off"  # --target-itl-ms modes besides milliseconds
@@ -121,8 +122,17 @@ class EngineConfig:
     lora: list[str] = flag(default_factory=list, help="a LoRA adapter served from the start, as NAME=PATH (a PEFT "
                                                       "directory); repeat for more", metavar="NAME=PATH",
                            repeatable=True)
+    speculative_config: str | dict | SpeculativeConfig | None = flag(
+        None, "speculative decoding, as a JSON object: {\"method\": \"ngram\", \"num_speculative_tokens\": K "
+              "(1 to 16), \"prompt_lookup_max\": N, \"prompt_lookup_min\": M} drafts up to K tokens from the "
+              "request's own prompt and output after its last N..M tokens and checks them in one step (either "
+              "bound alone sets both; neither: 3 and 1). Greedy requests only, without a grammar (json_schema, "
+              "tools); others decode one token a step. CPU only, and not with --enable-lora or "
+              "--tensor-parallel-size above 1 (default: off)", metavar="JSON")
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
+            self.speculative_config = parse_speculative_config(self.speculative_config)
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         self.target_itl_ms = parse_target_itl(self.target_itl_ms)
@@ -157,6 +167,12 @@ class EngineConfig:
              "--quantization is not supported with --tensor-parallel-size above 1"),
             # Adapters are trained on float weights, and their deltas would be added to the int8 layers' error.
             (self.quantization is None or not self.enable_lora, "--quantization is not supported with --enable-lora"),
+            (self.speculative_config is None or not self.enable_lora,
+             "--speculative-config is not supported with --enable-lora"),
+            (self.speculative_config is None or self.tensor_parallel_size == 1,
+             "--speculative-config is not supported with --tensor-parallel-size above 1"),
+            (self.speculative_config is None or not self.device.startswith("cuda"),
+             "--speculative-config is supported on --device cpu only"),
         ]
         for ok, message in checks:
             if not ok:

@@ -54,9 +54,12 @@ def test_every_flag_reaches_the_config():
                                     stream_idle_timeout=4.0, print_examples=True)
     # Changed from its default by the test above, or the test would not show the flag is read.
     untouched = {f.name for f in fields(EngineConfig) if getattr(engine, f.name) == getattr(EngineConfig(), f.name)}
-    # --quantization does not combine with the LoRA and tensor-parallel flags above; it is read on its own.
-    assert untouched == {"max_preemptions_per_request", "quantization"}
+    # --quantization and --speculative-config do not combine with the LoRA and tensor-parallel flags above; they
+    # are read on their own.
+    assert untouched == {"max_preemptions_per_request", "quantization", "speculative_config"}
     assert EngineConfig.from_cli_args(_parse("--quantization", "int8")).quantization == "int8"
+    spec = EngineConfig.from_cli_args(_parse("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'))
+    assert spec.speculative_config.num_speculative_tokens == 3
 
 
 def test_a_parsed_list_is_not_shared_between_parses():

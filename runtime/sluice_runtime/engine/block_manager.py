@@ -126,6 +126,13 @@ class BlockManager:
         for _ in range(needed):
             seq.block_table.append(self._take_free().block_id)
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past `seq`'s computed tokens: those only rejected draft tokens wrote."""
+        keep = self.blocks_needed(seq.num_computed_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            self._release(block_id)
+        del seq.block_table[keep:]
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Share the parent's full prompt blocks; the child recomputes the rest (at most one block)."""
         shared = (parent.num_prompt_tokens - 1) // self.block_size
@@ -144,10 +151,11 @@ class BlockManager:
     # -- prefix cache registration --------------------------------------------------------------
 
     def register_full_blocks(self, seq: Sequence) -> None:
-        """Make every fully computed block of `seq` findable by later requests."""
+        """Make every fully computed block of `seq` findable by later requests. Accepted draft tokens are computed
+        before they join `token_ids`; their blocks are registered once they have."""
         if not self.enable_prefix_caching:
             return
-        full = seq.num_computed_tokens // self.block_size
+        full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
         parent = root_hash(seq)
         for i in range(full):
             block = self.blocks[seq.block_table[i]]

@@ -26,6 +26,7 @@ from .lora_registry import LoraRegistry
 from .outputs import EXPIRED, SHED, CompletionOutput, RequestOutput, TokenLogprob
 from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence, SequenceGroup
+from .speculation import Speculator
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,10 @@ class EngineStats:
     refused_by_reason: dict[str, int] = field(default_factory=dict)
     # Seconds before a request of the default priority arriving now would start (engine.admission).
     estimated_queue_s: float = 0.0
+    # Speculative decoding (--speculative-config): verifications, draft tokens proposed, and those accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 def load_tokenizer(model_dir):
@@ -77,7 +82,9 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.runner.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_preemptions_per_request, config.target_itl,
-                                   max_loras=config.max_loras if config.enable_lora else 0)
+                                   max_loras=config.max_loras if config.enable_lora else 0,
+                                   speculator=(Speculator(config.speculative_config, self.max_model_len)
+                                               if config.speculative_config is not None else None))
         self.detokenizer = Detokenizer(self.tokenizer)
         eos = set(self.runner.cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -112,6 +119,10 @@ class LLMEngine:
         self.num_aborted = 0
         self.num_timed_out = 0
         self.steps = 0
+        # Speculative decoding: verifications run, draft tokens they carried, and those the target agreed with.
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self.loras = LoraRegistry()
         for name, path in config.lora_modules.items():
             try:
@@ -339,15 +350,24 @@ class LLMEngine:
                     for group in started.values():
                         group.metrics.first_scheduled_time = now
                         self._unstarted.pop(group.request_id, None)
+            # A verification's query spans several tokens over the cached context, as a prompt chunk's does.
+            decodes = [s for s in plan.decodes if not s.draft_ids]
+            chunks = [s for s in plan.decodes if s.draft_ids] + plan.prefills
             executing = time.monotonic()
-            results = self.runner.execute(
-                [self._batch_item(s) for s in plan.decodes], [self._batch_item(s) for s in plan.prefills])
+            results = self.runner.execute([self._batch_item(s) for s in decodes],
+                                          [self._batch_item(s) for s in chunks])
             executed_s = time.monotonic() - executing
-            sampled = [s for s in plan.scheduled if s.samples]
+            sampled = [s for s in decodes + chunks if s.samples]
+            rows = iter(results)
+            accepted = [self._accept(item, [next(rows) for _ in range(len(item.draft_ids) + 1)])
+                        for item in sampled]
             self.scheduler.on_step_done(plan)
             now = time.time()
-            for item, result in zip(sampled, results):
-                self._append_token(item.seq, result, now)
+            for item, tokens in zip(sampled, accepted):
+                for result in tokens:
+                    self._append_token(item.seq, result, now)
+                    if item.seq.finished:
+                        break  # a stop inside an accepted run ends the output there
                 touched[item.seq.group.request_id] = item.seq.group
         outputs = [self._make_output(g) for g in touched.values()]
         for group in touched.values():
@@ -409,19 +429,38 @@ class LLMEngine:
     def _batch_item(self, item: ScheduledSeq) -> BatchItem:
         seq = item.seq
         start = seq.num_computed_tokens
-        return BatchItem(seq.token_ids[start:start + item.num_tokens], start, seq.block_table,
-                         self._sample_request(seq) if item.samples else None, seq.group.lora_id)
+        drafts = item.draft_ids
+        tokens = seq.token_ids[start:start + item.num_tokens - len(drafts)] + drafts
+        # Row i of a verification samples as a plain decode would after the first i drafts were accepted.
+        verify = [self._sample_request(seq, drafts[:i]) for i in range(len(drafts))]
+        return BatchItem(tokens, start, seq.block_table, self._sample_request(seq, drafts) if item.samples else None,
+                         seq.group.lora_id, verify)
 
-    def _sample_request(self, seq: Sequence) -> SampleRequest:
+    def _sample_request(self, seq: Sequence, drafts: list[int] | tuple[int, ...] = ()) -> SampleRequest:
+        """What sampling `seq`'s next token needs, as if `drafts` had been appended to it."""
         params = seq.group.params
         key = (seq.group.request_id, seq.index)
         if params.seed is not None and key not in self._generators:
             self._generators[key] = self.runner.make_generator(params.seed + seq.index)
         banned = []
-        if seq.num_output_tokens < params.min_tokens:
+        if seq.num_output_tokens + len(drafts) < params.min_tokens:
             banned = self.eos_token_ids + list(params.stop_token_ids)
-        return SampleRequest(params, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids,
+        return SampleRequest(params, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids + list(drafts),
                              self._generators.get(key), banned, seq.constraint)
+
+    def _accept(self, item: ScheduledSeq, results: list[SampleResult]) -> list[SampleResult]:
+        """The tokens a step adds to `item`'s sequence: the drafts the target picked too, then its own next one."""
+        drafts = item.draft_ids
+        accepted = 0
+        while accepted < len(drafts) and results[accepted].token_id == drafts[accepted]:
+            accepted += 1
+        item.num_accepted = accepted
+        if drafts:
+            self.scheduler.speculator.observe(item.seq, accepted)
+            self.num_drafts += 1
+            self.num_draft_tokens += len(drafts)
+            self.num_accepted_tokens += accepted
+        return results[:accepted + 1]
 
     def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
         params = seq.group.params
@@ -511,7 +550,10 @@ class LLMEngine:
             waiting_loras=sorted(_lora_names(self.scheduler.waiting) - running_loras),
             resident_loras=self._resident_loras(),
             refused_by_reason=refused_by_reason,
-            estimated_queue_s=admission.queue_s(self._load, ahead))
+            estimated_queue_s=admission.queue_s(self._load, ahead),
+            spec_decode_num_drafts=self.num_drafts,
+            spec_decode_num_draft_tokens=self.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.num_accepted_tokens)
 
     def _resident_loras(self) -> list[str]:
         resident = self.runner.lora.resident_ids if self.runner.lora is not None else frozenset()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from .block_manager import BlockManager
 from .fair_share import FairShare
 from .sequence import Sequence, SequenceGroup, SequenceStatus
+from .speculation import Speculator
 from .step_budget import AUTO, Allowance, StepBudget, chunk_pairs
 
 # Tokens of other prompts' prefill a waiting prompt lets go ahead of it (about 8 full steps).
@@ -38,11 +39,20 @@ PREFILL_AGE_LIMIT = 8192
 class ScheduledSeq:
     seq: Sequence
     num_tokens: int
+    # Speculative tokens computed after the sequence's last one (the last `len(draft_ids)` of `num_tokens`).
+    draft_ids: list[int] = field(default_factory=list)
+    # How many of them the target model agreed with, known once the step ran.
+    num_accepted: int = 0
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the sequence's known tokens, so a new token is sampled."""
-        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq.token_ids)
+        return self.seq.num_computed_tokens + self.num_tokens - len(self.draft_ids) == len(self.seq.token_ids)
+
+    @property
+    def num_kept(self) -> int:
+        """Tokens whose keys and values the step leaves valid: the rejected drafts' slots are written over later."""
+        return self.num_tokens - len(self.draft_ids) + self.num_accepted
 
     @property
     def attention_pairs(self) -> int:
@@ -80,8 +90,9 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_preemptions_per_request: int, target_itl: str | float = AUTO,
                  prefill_age_limit: int = PREFILL_AGE_LIMIT, clock: Callable[[], float] = time.monotonic,
-                 max_loras: int = 0):
+                 max_loras: int = 0, speculator: Speculator | None = None):
         self.blocks = block_manager
+        self.speculator = speculator
         # Distinct LoRA adapters among running sequences (the executor's resident slots); 0: no adapters served.
         self.max_loras = max_loras
         self.max_num_seqs = max_num_seqs
@@ -160,8 +171,11 @@ class Scheduler:
             self.blocks.allocate(seq, 1)
             out.decodes.append(ScheduledSeq(seq, 1))
             scheduled.add(id(seq))
+        if self.speculator is not None:
+            self._add_drafts(out.decodes)
 
-        allowance = self.step_budget.allowance(len(out.decodes), sum(s.attention_pairs for s in out.decodes))
+        allowance = self.step_budget.allowance(sum(s.num_tokens for s in out.decodes),
+                                               sum(s.attention_pairs for s in out.decodes))
         loras = self.running_loras()
         shield = self._shield(out.decodes)
         for seq in self._prefill_order():
@@ -186,6 +200,21 @@ class Scheduler:
             self.preempt(max(self.running, key=_order))
         self._step_started = self.clock()
         return out
+
+    def _add_drafts(self, decodes: list[ScheduledSeq]) -> None:
+        """Extend decodes with draft tokens once every decode has its slot, within the step's token budget and
+        the KV cache's free blocks above the watermark: a guess never preempts or holds back anyone."""
+        room = self.max_num_batched_tokens - len(decodes)
+        for item in decodes:
+            if room < 1:
+                return
+            slots = self.blocks.allocatable_tokens(item.seq, reserve=self.watermark) - 1
+            drafts = self.speculator.drafts(item.seq, min(room, slots))
+            if drafts:
+                self.blocks.allocate(item.seq, 1 + len(drafts))
+                item.num_tokens += len(drafts)
+                item.draft_ids = drafts
+                room -= len(drafts)
 
     def running_loras(self) -> set[int]:
         return {s.group.lora_id for s in self.running if s.group.lora_id}
@@ -285,11 +314,15 @@ class Scheduler:
         just finished prefilling."""
         tokens = sum(item.num_tokens for item in out.scheduled)
         pairs = sum(item.attention_pairs for item in out.scheduled)
-        self.step_budget.observe(len(out.decodes), tokens, pairs, self.clock() - self._step_started)
+        # A verification's drafts are rows of the decode part of the step, as the allowance counted them.
+        decode_rows = sum(item.num_tokens for item in out.decodes)
+        self.step_budget.observe(decode_rows, tokens, pairs, self.clock() - self._step_started)
         self.prefill_work += sum(item.num_tokens for item in out.prefills)
         for item in out.scheduled:
             seq = item.seq
-            seq.num_computed_tokens += item.num_tokens
+            seq.num_computed_tokens += item.num_kept
+            if item.draft_ids:
+                self.blocks.trim(seq)
             self.blocks.register_full_blocks(seq)
             if seq.index == 0 and seq.num_computed_tokens >= seq.num_prompt_tokens:
                 self._start_forks(seq)

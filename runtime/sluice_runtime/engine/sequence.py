@@ -41,6 +41,8 @@ class Sequence:
     detok_prefix_offset: int = 0
     detok_read_offset: int = 0
     constraint: object | None = None
+    # How its drafts have fared (engine.speculation), once speculative decoding has drafted for it.
+    drafting: object | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

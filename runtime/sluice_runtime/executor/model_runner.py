@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -69,6 +69,9 @@ class BatchItem:
     block_table: list[int]
     sample: SampleRequest | None  # set when the last token's logits are sampled
     lora_id: int = 0  # the LoRA adapter the tokens run with; 0: the base model
+    # A speculative verification's requests for the rows before the last, one per draft token (what the target
+    # picks after the token before each draft); their results come before the last row's.
+    verify: list[SampleRequest] = field(default_factory=list)
 
 
 @dataclass
@@ -297,7 +300,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, decodes: list[BatchItem], prefills: list[BatchItem]) -> list[SampleResult]:
-        """Run one packed forward; returns one result per item with a sample request, in order."""
+        """Run one packed forward; returns one result per sampled row (an item's verify rows, then its sample), in
+        order."""
         step = StepInputs([], [], [], [], [])
         sample_requests: list[SampleRequest] = []
         for i, item in enumerate(decodes + prefills):
@@ -307,8 +311,9 @@ class ModelRunner:
             span = SequenceSpan(start, len(item.token_ids), item.start_pos + len(item.token_ids), item.block_table)
             (step.decodes if i < len(decodes) else step.prefills).append(span)
             if item.sample is not None:
-                step.sample_rows.append(len(step.input_ids) - 1)
-                sample_requests.append(item.sample)
+                end = len(step.input_ids)
+                step.sample_rows.extend(range(end - 1 - len(item.verify), end))
+                sample_requests.extend([*item.verify, item.sample])
         if self.workers is not None:
             self.workers.send(("step", step))
         with_lora = self.lora is not None and self.lora.set_step(

@@ -1,0 +1,140 @@
+"""N-gram speculative decoding (prompt lookup): drafts from a sequence's own tokens, checked by the target model.
+
+A running sequence whose last n tokens (n from prompt_lookup_max down to prompt_lookup_min) occurred earlier in
+its prompt and output proposes the tokens that followed that occurrence. The next step computes its last token
+and the drafts in one query; the target's own choice at each position accepts the longest agreeing prefix of
+the drafts, plus one token of its own, so each verification yields at least the token a plain decode would.
+
+Only greedy requests are drafted for, which keeps the output token for token what decoding without drafts
+gives; a request that samples, or whose grammar's state cannot be rewound, decodes one token a step.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .sequence import Sequence
+
+METHODS = ("ngram",)
+# The most draft tokens one verification may carry.
+MAX_SPECULATIVE_TOKENS = 16
+# Decode steps, at most, that a sequence whose drafts keep missing waits before drafting again.
+MAX_PAUSE = 16
+# (prompt_lookup_max, prompt_lookup_min) when the config gives neither.
+DEFAULT_LOOKUP = (3, 1)
+_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int
+    prompt_lookup_min: int
+
+
+def parse_speculative_config(value: str | dict) -> SpeculativeConfig:
+    """--speculative-config's JSON object (or the dict itself), every key checked with a message naming it."""
+    flag = "--speculative-config"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{flag} must be a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {type(value).__name__}")
+    unknown = sorted(set(value) - set(_KEYS))
+    if unknown:
+        raise ValueError(f"{flag}: unknown key {unknown[0]!r}; the keys are {', '.join(_KEYS)}")
+    missing = [key for key in ("method", "num_speculative_tokens") if key not in value]
+    if missing:
+        raise ValueError(f"{flag}: missing key {missing[0]!r}")
+    method = value["method"]
+    if method not in METHODS:
+        raise ValueError(f"{flag}: method {method!r} is not supported; the methods built are {', '.join(METHODS)}")
+    numbers = {}
+    for key in _KEYS[1:]:
+        if key not in value:
+            continue
+        number = value[key]
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise ValueError(f"{flag}: {key} must be an integer, got {number!r}")
+        numbers[key] = number
+    k = numbers["num_speculative_tokens"]
+    if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+        raise ValueError(f"{flag}: num_speculative_tokens must be 1 to {MAX_SPECULATIVE_TOKENS}, got {k}")
+    # Either bound alone stands for both, as in vLLM; with neither, suffixes of DEFAULT_LOOKUP tokens.
+    high = numbers.get("prompt_lookup_max", numbers.get("prompt_lookup_min", DEFAULT_LOOKUP[0]))
+    low = numbers.get("prompt_lookup_min", high if "prompt_lookup_max" in numbers else DEFAULT_LOOKUP[1])
+    if low < 1:
+        raise ValueError(f"{flag}: prompt_lookup_min must be at least 1, got {low}")
+    if high < low:
+        raise ValueError(f"{flag}: prompt_lookup_max ({high}) must be at least prompt_lookup_min ({low})")
+    return SpeculativeConfig(method, k, high, low)
+
+
+def lookup(token_ids: list[int], max_n: int, min_n: int, k: int) -> list[int]:
+    """Up to `k` tokens that followed the latest earlier occurrence of the longest suffix (max_n down to min_n
+    tokens) of `token_ids`; empty when none occurs."""
+    length = len(token_ids)
+    if length < min_n + 1 or k < 1:
+        return []
+    tokens = np.asarray(token_ids)
+    # Where an occurrence could end: every earlier position holding the last token, latest first.
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])[::-1]
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = tokens[length - n:]
+        for end in ends:
+            start = end - n + 1
+            if start >= 0 and np.array_equal(tokens[start:end + 1], suffix):
+                return tokens[end + 1:end + 1 + k].tolist()
+    return []
+
+
+@dataclass
+class Drafting:
+    """How one sequence's drafts have fared: a verification costs a step more than a decode, so a sequence whose
+    text does not repeat drafts ever more rarely, and one whose drafts hold drafts as far as the config allows."""
+
+    length: int  # draft tokens its next verification may carry
+    backoff: int = 0  # the pause its latest miss earned: 0 after a verification that accepted a draft
+    pause: int = 0  # decode steps left before it drafts again
+
+
+class Speculator:
+    """Proposes each step's drafts for the scheduler and learns from their verification."""
+
+    def __init__(self, config: SpeculativeConfig, max_model_len: int):
+        self.config = config
+        self.max_model_len = max_model_len
+
+    def drafts(self, seq: "Sequence", room: int) -> list[int]:
+        """Drafts for `seq`'s next step, at most `room` (the KV slots it may take beyond its next token), never
+        past its max_tokens or the context, so the token the target adds stays within both."""
+        params = seq.group.params
+        if not params.greedy or seq.constraint is not None:
+            return []
+        state = seq.drafting
+        if not isinstance(state, Drafting):
+            state = seq.drafting = Drafting(self.config.num_speculative_tokens)
+        if state.pause:
+            state.pause -= 1
+            return []
+        left = self.max_model_len - len(seq.token_ids)
+        if params.max_tokens is not None:
+            left = min(left, params.max_tokens - seq.num_output_tokens)
+        cfg = self.config
+        return lookup(seq.token_ids, cfg.prompt_lookup_max, cfg.prompt_lookup_min, min(state.length, room, left - 1))
+
+    def observe(self, seq: "Sequence", accepted: int) -> None:
+        """Its latest verification kept `accepted` drafts: the next drafts are one longer than what held, and
+        each miss in a row pauses drafting for about twice as many steps as the one before, up to MAX_PAUSE."""
+        state = seq.drafting
+        assert isinstance(state, Drafting)
+        state.length = min(self.config.num_speculative_tokens, accepted + 1)
+        state.backoff = min(MAX_PAUSE, 2 * state.backoff + 1) if accepted == 0 else 0
+        state.pause = state.backoff

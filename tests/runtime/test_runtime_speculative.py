@@ -1,0 +1,133 @@
+"""N-gram speculative decoding: greedy output token for token as without it, every block back, bad configs refused."""
+import json
+import random
+
+import pytest
+
+from fixtures.model import chat_prompt
+from sluice_runtime.engine.llm_engine import LLMEngine
+from sluice_runtime.engine.sequence import SequenceGroup
+from sluice_runtime.engine.speculation import Speculator, lookup, parse_speculative_config
+from sluice_runtime.engine_config import EngineConfig
+from sluice_runtime.sampling_params import SamplingParams
+
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+
+
+def _run(engine: LLMEngine, requests: list[tuple[list[int], SamplingParams]], steps: dict | None = None) -> list[tuple]:
+    """Each request's tokens, logprobs, text and finish reason, from its streamed deltas; `steps` gets the step
+    each finished at."""
+    got = {}
+    for i, (prompt, params) in enumerate(requests):
+        engine.add_request(f"r{i}", prompt, params)
+        got[f"r{i}"] = [[], [], "", None]
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            c, record = out.outputs[0], got[out.request_id]
+            record[0] += c.delta_token_ids
+            record[1] += [(lp.token_id, round(lp.logprob, 4), [t for t, _ in lp.top]) for lp in c.delta_logprobs]
+            record[2] += c.delta_text
+            record[3] = c.finish_reason
+            if out.finished and steps is not None:
+                steps[out.request_id] = engine.steps
+        engine.block_manager.check_invariants()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    return [tuple(got[f"r{i}"]) for i in range(len(requests))]
+
+
+def test_greedy_output_is_identical_with_stops_logprobs_and_penalties(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    items = "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango, nectarine"
+    repeat = chat_prompt(tok, f"Repeat this list exactly, nothing else: {items}.")
+    prompts = [repeat, chat_prompt(tok, "Tell me about the history of Rome."), chat_prompt(tok, "def fib(n):")]
+    greedy = dict(temperature=0, max_tokens=28)
+    requests = [(p, SamplingParams(**greedy, logprobs=2)) for p in prompts] + [
+        # A stop string inside a run of accepted drafts ends the output there.
+        (repeat, SamplingParams(**greedy, stop=["grape"])),
+        (repeat, SamplingParams(temperature=0, max_tokens=7)),
+        (repeat, SamplingParams(**greedy, frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.1)),
+        (repeat, SamplingParams(**greedy, logit_bias={tok.encode(" cherry")[0]: -100.0})),
+        (repeat, SamplingParams(**greedy, min_tokens=28, ignore_eos=False)),
+    ]
+    plain_steps, steps = {}, {}
+    reference = _run(LLMEngine(EngineConfig(model="smollm2", max_model_len=512, num_kv_blocks=64)), requests,
+                     plain_steps)
+    engine = LLMEngine(EngineConfig(model="smollm2", max_model_len=512, num_kv_blocks=64, speculative_config=NGRAM))
+    assert _run(engine, requests, steps) == reference
+    assert "grape" not in reference[3][2] and reference[3][3] == "stop"
+    assert len(reference[4][0]) == 7
+    # The repeated list is where drafts pay: it is answered in far fewer steps.
+    assert steps["r0"] * 2 < plain_steps["r0"]
+    stats = engine.stats()
+    assert 0 < stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens
+
+
+def test_random_workload_matches_and_returns_every_block(tiny_model_dir):
+    """Greedy outputs of the tiny random model (which loops, so drafts are often right) equal decoding without
+    drafts, through preemptions and forks, with every block back after each step."""
+    rng = random.Random(5)
+    requests = []
+    for _ in range(40):
+        motif = [rng.randrange(100, 40000) for _ in range(rng.randint(2, 6))]
+        prompt = motif * rng.randint(1, 5) + [rng.randrange(100, 40000) for _ in range(rng.randint(1, 12))]
+        requests.append((prompt, SamplingParams(n=rng.choice([1, 1, 2]), temperature=0, ignore_eos=True,
+                                                max_tokens=rng.randint(1, 40))))
+    config = dict(model=str(tiny_model_dir), block_size=4, num_kv_blocks=48, max_num_seqs=8,
+                  max_num_batched_tokens=64, max_model_len=256, target_itl_ms="off")
+    reference = _run(LLMEngine(EngineConfig(**config)), requests)
+    engine = LLMEngine(EngineConfig(**config, speculative_config=NGRAM))
+    assert _run(engine, requests) == reference
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.num_accepted_tokens > 0
+
+
+def test_lookup_proposes_what_followed_the_longest_latest_match():
+    assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 3, 1, 4) == [7, 8, 5, 2]
+    # No 3-gram or 2-gram repeats; the latest single token does.
+    assert lookup([4, 1, 6, 1, 8, 1], 3, 1, 2) == [8, 1]
+    assert lookup([4, 1, 6, 1, 8, 1], 3, 2, 2) == []
+    assert lookup([1, 2, 3], 3, 1, 4) == []
+
+
+def test_drafts_shrink_and_pause_while_they_miss_and_sampled_requests_get_none():
+    speculator = Speculator(parse_speculative_config(NGRAM), max_model_len=64)
+    seq = SequenceGroup("r", [5, 6, 7, 8, 9] * 3, SamplingParams(temperature=0, max_tokens=20)).seqs[0]
+    assert speculator.drafts(seq, room=16) == [5, 6, 7, 8, 9]
+    pauses = []
+    for _ in range(3):
+        speculator.observe(seq, accepted=0)
+        pauses.append(sum(1 for _ in iter(lambda: speculator.drafts(seq, 16), [5])))
+    assert pauses == [1, 3, 7]  # each miss in a row doubles the wait; then one draft of one token
+    speculator.observe(seq, accepted=1)
+    assert speculator.drafts(seq, room=16) == [5, 6]  # a hit lets the next draft grow
+    assert speculator.drafts(seq, room=1) == [5]
+    sampled = SequenceGroup("s", [5, 6, 5, 6], SamplingParams(temperature=0.7)).seqs[0]
+    assert speculator.drafts(sampled, room=16) == []
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{", "must be a JSON object"),
+    ('{"method": "ngram"}', "missing key 'num_speculative_tokens'"),
+    ('{"method": "eagle", "num_speculative_tokens": 2}', "method 'eagle' is not supported"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens must be 1 to 16, got 0"),
+    ('{"method": "ngram", "num_speculative_tokens": 17}', "num_speculative_tokens must be 1 to 16, got 17"),
+    ('{"method": "ngram", "num_speculative_tokens": "4"}', "num_speculative_tokens must be an integer"),
+    ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 0}', "prompt_lookup_min must be at least 1"),
+    ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 2, "prompt_lookup_min": 3}',
+     "prompt_lookup_max (2) must be at least prompt_lookup_min (3)"),
+    ('{"method": "ngram", "num_speculative_tokens": 4, "model": "x"}', "unknown key 'model'"),
+])
+def test_bad_speculative_config_is_refused_naming_the_key(value, message):
+    with pytest.raises(ValueError, match="--speculative-config") as info:
+        EngineConfig(speculative_config=value)
+    assert message in str(info.value)
+
+
+def test_lookup_bounds_default_as_vllm_and_unsupported_combinations_are_refused():
+    assert parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+                                    ).prompt_lookup_min == 4
+    for extra, message in ((dict(enable_lora=True), "not supported with --enable-lora"),
+                           (dict(tensor_parallel_size=2), "not supported with --tensor-parallel-size above 1"),
+                           (dict(device="cuda"), "supported on --device cpu only")):
+        with pytest.raises(ValueError, match=f"--speculative-config is {message}"):
+            EngineConfig(speculative_config=NGRAM, **extra)
