@@ -36,7 +36,8 @@ bench/results/engine_lora.json.
 word changed, rename a variable in code) and chats whose answers do not (stories, explanations), each at
 --concurrency, without and with --speculative-config (n-gram, K=5, lookup 3..1), rows alternating. Reports
 output tokens/s, mean ITL, plain / speculative ITL per row pair and the acceptance rate (accepted / draft
-tokens). Writes bench/results/speculative-LEVEL.json.
+tokens). Run it with --dtype float32: there both sides generate the same tokens, so their rows compare like with
+like. Writes bench/results/speculative-LEVEL.json.
 """
 from __future__ import annotations
 
@@ -583,7 +584,11 @@ def speculative_mix(args: argparse.Namespace) -> None:
             print(f"{key}: plain ITL / ngram ITL {ratios[key]:.2f}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     paths = cpu_paths()
-    host = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": paths.describe()}
+    models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+              if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
+    machine = f"{len(models)}-core {models[0]}, {paths.describe()}" if models else paths.describe()
+    host = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine,
+            "load_average": round(os.getloadavg()[0], 1)}
     summary = {"host": host, "cpu": paths.describe(), "speculative_config": NGRAM, "rows": rows, "plain_itl_over_ngram_itl": ratios,
                "torch_threads": torch.get_num_threads(), "output_len": args.output_len}
     (RESULTS / f"speculative-{paths.level}.json").write_text(json.dumps(summary, indent=2))

@@ -5,8 +5,10 @@ its prompt and output proposes the tokens that followed that occurrence. The nex
 and the drafts in one query; the target's own choice at each position accepts the longest agreeing prefix of
 the drafts, plus one token of its own, so each verification yields at least the token a plain decode would.
 
-Only greedy requests are drafted for, which keeps the output token for token what decoding without drafts
-gives; a request that samples, or whose grammar's state cannot be rewound, decodes one token a step.
+Only greedy requests are drafted for, which keeps the output what decoding without drafts gives: token for token
+in float32; in bfloat16 as closely as a change of batch shape leaves greedy output anyway, since its rounding can
+flip a near tie between two tokens. A request that samples, or whose grammar's state cannot be rewound, decodes
+one token a step.
 """
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def lookup(token_ids: list[int], max_n: int, min_n: int, k: int) -> list[int]:
 @dataclass
 class Drafting:
     """How one sequence's drafts have fared: a verification costs a step more than a decode, so a sequence whose
-    text does not repeat drafts ever more rarely, and one whose drafts hold drafts as far as the config allows."""
+    text does not repeat drafts ever more rarely, and one whose drafts hold keeps drafting the full length."""
 
     length: int  # draft tokens its next verification may carry
     backoff: int = 0  # the pause its latest miss earned: 0 after a verification that accepted a draft
@@ -131,10 +133,11 @@ class Speculator:
         return lookup(seq.token_ids, cfg.prompt_lookup_max, cfg.prompt_lookup_min, min(state.length, room, left - 1))
 
     def observe(self, seq: "Sequence", accepted: int) -> None:
-        """Its latest verification kept `accepted` drafts: the next drafts are one longer than what held, and
-        each miss in a row pauses drafting for about twice as many steps as the one before, up to MAX_PAUSE."""
+        """Its latest verification kept `accepted` drafts. A hit restores the full draft length: repeated text
+        runs on past a changed word, and a longer query costs a memory-bound step little. A miss cuts the drafts
+        to one token and pauses drafting for about twice as many steps as the miss before it, up to MAX_PAUSE."""
         state = seq.drafting
         assert isinstance(state, Drafting)
-        state.length = min(self.config.num_speculative_tokens, accepted + 1)
+        state.length = self.config.num_speculative_tokens if accepted else 1
         state.backoff = min(MAX_PAUSE, 2 * state.backoff + 1) if accepted == 0 else 0
         state.pause = state.backoff
