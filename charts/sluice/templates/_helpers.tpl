@@ -100,6 +100,8 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- with $c.routing }}{{ $_ := set $config "routing" . }}{{ end -}}
 {{- with $c.coldStart }}{{ $_ := set $config "cold_start" . }}{{ end -}}
 {{- with $c.responses }}{{ $_ := set $config "responses" . }}{{ end -}}
+{{- $batchStore := dict "database" (printf "%s/batch.db" (include "sluice.batchStoreDir" $root)) "files_dir" (printf "%s/files" (include "sluice.batchStoreDir" $root)) -}}
+{{- $_ := set $config "batch" (merge (deepCopy ($c.batch | default dict)) $batchStore) -}}
 {{- with $c.priority }}{{ $_ := set $config "priority" . }}{{ end -}}
 {{- with (include "sluice.redisUrl" $root) }}
 {{- $_ := set $config "redis" (include "sluice.redisSettings" $root | fromJson) -}}
@@ -109,3 +111,6 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- end -}}
 {{- toYaml $config -}}
 {{- end -}}
+
+{{/* The gateway's writable volume for the batch store (its config's Secret mount is read-only). */}}
+{{- define "sluice.batchStoreDir" -}}/var/lib/sluice/batch{{- end -}}
