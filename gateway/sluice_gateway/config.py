@@ -259,8 +259,9 @@ class Batch(_Strict):
         description="Times a line is tried while the runtimes are busy or failing (429, 5xx) before it goes to the "
                     "error file.",
     )
-    priority_class: str = Field(
-        default="batch", description="The class of priority.classes batch lines run at.",
+    priority_class: str | None = Field(
+        default=None, description="The class of priority.classes batch lines run at; unset: the least urgent one "
+                                  "(the highest value: `batch` among the default classes).",
     )
 
 
@@ -322,10 +323,17 @@ class GatewayConfig(_Strict):
 
     @model_validator(mode="after")
     def _batch_class_exists(self) -> "GatewayConfig":
-        if self.batch.priority_class not in self.priority.classes:
-            raise ValueError(f"batch.priority_class {self.batch.priority_class!r} is not one of the classes "
+        chosen = self.batch.priority_class
+        if chosen is not None and chosen not in self.priority.classes:
+            raise ValueError(f"batch.priority_class {chosen!r} is not one of the classes "
                              f"{sorted(self.priority.classes)} (priority.classes)")
         return self
+
+    @property
+    def batch_priority_class(self) -> str:
+        """The class batch lines run at."""
+        classes = self.priority.classes
+        return self.batch.priority_class or max(classes, key=lambda name: (classes[name], name))
 
     @model_validator(mode="after")
     def _tenant_classes_exist(self) -> "GatewayConfig":

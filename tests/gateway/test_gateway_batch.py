@@ -327,3 +327,16 @@ def test_the_batch_settings_are_checked_and_their_paths_follow_the_config(tmp_pa
     path.write_text("batch: {files_dir: /srv/batch}\n")
     settings = load_config(path).batch
     assert (settings.database, str(settings.files_dir)) == (tmp_path / "sluice-batch.sqlite3", "/srv/batch")
+
+
+def test_batch_lines_run_at_the_least_urgent_class_unless_one_is_named(tmp_path):
+    from sluice_gateway.config import load_config
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text("")
+    assert load_config(path).batch_priority_class == "batch"
+    # Own classes without one named `batch`: the config stays valid, and batch lines take the least urgent.
+    path.write_text("priority: {classes: {gold: -5, bronze: 5}, default_class: gold}\n")
+    assert load_config(path).batch_priority_class == "bronze"
+    path.write_text("priority: {classes: {gold: -5, bronze: 5}, default_class: gold}\nbatch: {priority_class: gold}\n")
+    assert load_config(path).batch_priority_class == "gold"

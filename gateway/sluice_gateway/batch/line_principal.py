@@ -18,6 +18,6 @@ def line_principal(config: GatewayConfig, tenant_name: str, key_id: str) -> Prin
         return None
     stand_in = tenant.model_copy(update={
         "keys": (ApiKey(id=key_id, sha256=hashlib.sha256(_TOKEN.encode()).hexdigest()),),
-        "limits": Limits(), "priority": config.batch.priority_class})
+        "limits": Limits(), "priority": config.batch_priority_class})
     return KeyStore(config.model_copy(update={"tenants": (stand_in,), "admin_keys": ()})).authenticate(
         f"Bearer {_TOKEN}")
