@@ -49,7 +49,9 @@ async def refresh(state: OperatorState, namespace: str, name: str) -> None:
         status["lastColdStartSeconds"] = existing["lastColdStartSeconds"]
     if status != existing:
         await state.kube.patch_status(InferenceModel.plural, namespace, name, status)
-    if observed.oom_killed and _degraded_reason(existing) != "OOMKilled":
+    # Once, as the condition turns to it: a problem shown first (the scheduler's) would otherwise repeat it on
+    # every pod event.
+    if _degraded_reason(status) == "OOMKilled" != _degraded_reason(existing):
         kopf.warn(model, reason="OOMKilled", message=observed.oom_killed)
 
 
