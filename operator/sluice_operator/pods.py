@@ -153,14 +153,16 @@ def unschedulable_message(pods: Iterable[Pod]) -> str:
 
 
 def oom_killed_message(pods: Iterable[Pod]) -> str:
-    """What to do about the first pod whose container the kernel killed for its memory limit (now or on its last
-    run, which a crash loop keeps showing); empty when none was."""
+    """What to do about the first pod whose container the kernel killed for its memory limit, now or on its last
+    run while it has not come back ready (a crash loop shows the kill only there); empty when none was. A
+    container that was killed once and then came up ready is serving: its past kill is no longer a problem."""
     for pod in pods:
         limits = {c.get("name"): ((c.get("resources") or {}).get("limits") or {}).get("memory")
                   for c in (pod.get("spec") or {}).get("containers") or []}
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            ended = [(status.get(key) or {}).get("terminated") or {} for key in ("state", "lastState")]
-            if any(end.get("reason") == "OOMKilled" for end in ended):
+            now = ((status.get("state") or {}).get("terminated") or {}).get("reason")
+            last = ((status.get("lastState") or {}).get("terminated") or {}).get("reason")
+            if now == "OOMKilled" or (last == "OOMKilled" and not status.get("ready")):
                 limit = limits.get(status.get("name")) or "its memory limit"
                 return (f"runtime pod {pod['metadata']['name']} was killed for using more memory than its limit "
                         f"({limit}, restarted {status.get('restartCount', 0)} times): the model, its KV cache "

@@ -68,6 +68,16 @@ def test_a_container_killed_for_its_memory_limit_is_reported_with_the_limit_and_
                                _pod(), {"metadata": {"name": "x"}, "status": None}]) == ""
 
 
+def test_a_replica_killed_once_that_came_back_ready_is_not_reported():
+    recovered = _killed("lastState")
+    (status,) = recovered["status"]["containerStatuses"]
+    status.update(state={"running": {"startedAt": "2026-12-03T08:00:00Z"}}, ready=True)
+    assert oom_killed_message([_pod(), recovered]) == ""
+    # Running again but not ready yet (still loading): the kill is still the likeliest problem.
+    status["ready"] = False
+    assert "m-1" in oom_killed_message([recovered])
+
+
 def test_an_oom_killed_replica_degrades_the_model_after_the_schedulers_word():
     deployment = {"spec": {"replicas": 1}, "status": {"replicas": 1}}
     status = model_status(Observed("m", 1, deployment, oom_killed="killed: raise spec.resources.memory"), {}, "now")
