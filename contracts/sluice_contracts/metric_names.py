@@ -29,6 +29,10 @@ NUM_PREEMPTIONS = "vllm:num_preemptions"
 PROMPT_TOKENS = "vllm:prompt_tokens"
 GENERATION_TOKENS = "vllm:generation_tokens"
 REQUEST_SUCCESS = "vllm:request_success"  # label finished_reason
+# Speculative decoding: verifications run, draft tokens proposed, draft tokens accepted.
+SPEC_DECODE_NUM_DRAFTS = "vllm:spec_decode_num_drafts"
+SPEC_DECODE_NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+SPEC_DECODE_NUM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 
 # Histograms.
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"

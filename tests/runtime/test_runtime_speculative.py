@@ -5,11 +5,13 @@ import random
 import pytest
 
 from fixtures.model import chat_prompt
+from sluice_contracts import metric_names as names
 from sluice_runtime.engine.llm_engine import LLMEngine
 from sluice_runtime.engine.sequence import SequenceGroup
 from sluice_runtime.engine.speculation import Speculator, lookup, parse_speculative_config
 from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.sampling_params import SamplingParams
+from sluice_runtime.server.metrics import RuntimeMetrics
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
 
@@ -61,6 +63,12 @@ def test_greedy_output_is_identical_with_stops_logprobs_and_penalties(smollm2_to
     assert steps["r0"] * 2 < plain_steps["r0"]
     stats = engine.stats()
     assert 0 < stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens
+    # The same counters under vLLM's names, which acceptance-rate dashboards divide.
+    text = RuntimeMetrics("smollm2", engine.stats, None).render().decode()
+    for name, value in ((names.SPEC_DECODE_NUM_DRAFTS, stats.spec_decode_num_drafts),
+                        (names.SPEC_DECODE_NUM_DRAFT_TOKENS, stats.spec_decode_num_draft_tokens),
+                        (names.SPEC_DECODE_NUM_ACCEPTED_TOKENS, stats.spec_decode_num_accepted_tokens)):
+        assert f'{name}_total{{model_name="smollm2"}} {float(value)}' in text, name
 
 
 def test_random_workload_matches_and_returns_every_block(tiny_model_dir):

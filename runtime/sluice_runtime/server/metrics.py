@@ -40,6 +40,12 @@ class _EngineStateCollector:
             (CounterMetricFamily, names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.",
              s.prefix_cache_hits),
             (CounterMetricFamily, names.NUM_PREEMPTIONS, "Requests preempted to free KV blocks.", s.num_preemptions),
+            (CounterMetricFamily, names.SPEC_DECODE_NUM_DRAFTS, "Speculative verifications run (a draft checked "
+             "in one step).", s.spec_decode_num_drafts),
+            (CounterMetricFamily, names.SPEC_DECODE_NUM_DRAFT_TOKENS, "Draft tokens proposed for verification.",
+             s.spec_decode_num_draft_tokens),
+            (CounterMetricFamily, names.SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Draft tokens the model accepted.",
+             s.spec_decode_num_accepted_tokens),
             (GaugeMetricFamily, names.ESTIMATED_QUEUE_SECONDS, "Seconds before a request of the default priority "
              "arriving now would start, as the engine estimates it from its measured step times and its queue.",
              s.estimated_queue_s),
