@@ -9,7 +9,8 @@ priority class, outside its online limits; each has its own request id, and its 
 The request travels as one RequestContext, with its budget (budget.py: its client's timeout), which bounds both
 holds and the retries and goes upstream as what is left of it.
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
-access-log line (access_record.py; with the key's id, never the key).
+access-log line (access_record.py; with the key's id, never the key), one audit record (audit/) and adds what it
+used to the usage counters (usage/), which admin keys read at `GET /v1/usage`.
 """
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ from urllib.parse import parse_qsl
 from sluice_contracts import request_id
 from sluice_contracts.routing_table import Route, RoutingTable
 
-from .access_record import record
+from .access_record import UNKNOWN_ROUTE, record
 from .adapted_api import AdaptedSend, Stopped
 from .admission import Admission
+from .audit.admin_events import event, key_events, table_event
+from .audit.answer_watch import AnswerWatch
+from .audit.request_record import request_record
+from .audit.sink import AuditSink
 from .auth import KeyStore, require_principal
 from .batch.api import ENDPOINTS as BATCH_ENDPOINTS
 from .batch.api import BatchApi
@@ -50,7 +55,7 @@ from .load_poller import LoadPoller
 from .messages_api import MessagesAdapter
 from .metrics import GatewayMetrics
 from .picker import Picker
-from .plain_endpoints import GET_ROUTES, model
+from .plain_endpoints import GET_ROUTES, model, require_admin
 from .priority_hold import PriorityHold
 from .relay import error_event
 from .request import parse_request_off_loop, stop_parser, warm_parser
@@ -58,6 +63,12 @@ from .request_context import RequestContext
 from .response_store import ResponseStore
 from .responses_api import ResponsesAdapter, cancel, delete, stored
 from .routing_table import max_model_len, permitted_routes, starting_models
+from .usage.counts import Cell, hour_of, request_counts
+from .usage.memory_store import MemoryUsage
+from .usage.query import parse_query
+from .usage.redis_store import RedisUsage
+from .usage.report import usage_answer
+from .usage.store import UsageStore
 
 log = logging.getLogger("sluice_gateway")
 
@@ -76,6 +87,7 @@ _BATCH_PREFIXES = tuple(root + "/" for root in _BATCH_ROOTS)
 # What a multipart upload adds around the file itself, allowed past batch.max_file_bytes.
 _FORM_FRAMING_BYTES = 64 * 1024
 _MODELS = "/v1/models/"
+_USAGE = "/v1/usage"
 _JSON = (b"content-type", b"application/json")
 # Every API endpoint served, for the compatibility table of the README (checked against it by a test).
 API_ROUTES = (*(("POST", path) for path in (*_PROXIED, *_ADAPTED)), ("GET", "/v1/models"),
@@ -83,7 +95,8 @@ API_ROUTES = (*(("POST", path) for path in (*_PROXIED, *_ADAPTED)), ("GET", "/v1
               ("DELETE", _RESPONSES + "{id}"), ("POST", _RESPONSES + "{id}/cancel"),
               ("POST", "/v1/files"), ("GET", "/v1/files"), ("GET", "/v1/files/{id}"),
               ("GET", "/v1/files/{id}/content"), ("DELETE", "/v1/files/{id}"), ("POST", "/v1/batches"),
-              ("GET", "/v1/batches"), ("GET", "/v1/batches/{id}"), ("POST", "/v1/batches/{id}/cancel"))
+              ("GET", "/v1/batches"), ("GET", "/v1/batches/{id}"), ("POST", "/v1/batches/{id}/cancel"),
+              ("GET", _USAGE))
 # Request ids: a random per-process prefix and a counter, unique without a system call per request.
 _request_ids = (f"{uuid.uuid4().hex[:16]}{n:08x}".encode() for n in itertools.count())
 
@@ -105,6 +118,9 @@ class GatewayApp:
         self._poller: asyncio.Task | None = None
         # Streamed responses running on this replica, by (tenant, id): what POST /v1/responses/{id}/cancel stops.
         self.running_responses: dict[tuple[str, str], ResponsesAdapter] = {}
+        self.audit = AuditSink("off")
+        self._usage_task: asyncio.Task | None = None
+        self._rejected: dict[str, str | None] = {}  # the problem of each followed file, as last written to the trail
         self.files = WatchedFiles(config_path, routes_path, self.metrics, self.apply_config, self.apply_table)
         self._configure(GatewayConfig())  # no tenants, no keys: in force only until the file is read
         self._configured = False
@@ -128,8 +144,13 @@ class GatewayApp:
         self.responses = ResponseStore(config.responses.store_ttl_s,
                                        self.limiter.client if isinstance(self.limiter, RedisLimiter) else None)
         self.batch_api = BatchApi(config.batch)
+        self.audit.close()
+        self.audit = AuditSink(config.audit.sink)
+        self.usage: UsageStore = (RedisUsage(self.limiter.client) if isinstance(self.limiter, RedisLimiter)
+                                  else MemoryUsage())
         if self._started:
             self._start_polling()
+            self._start_usage()
 
     def apply_config(self, config: GatewayConfig) -> None:
         if not self._configured:
@@ -138,18 +159,24 @@ class GatewayApp:
             self._configure(config)
             self._configured = True
             log.info("gateway config loaded: %d tenants, %d admin keys", len(config.tenants), len(config.admin_keys))
+            self.audit.write(event("config_loaded", tenants=len(config.tenants),
+                                   keys=sum(len(t.keys) for t in config.tenants), admin_keys=len(config.admin_keys)))
             _warn_of_tenants_without_models(config)
             return
         kept = [name for name in START_ONLY_FIELDS if getattr(config, name) != getattr(self.config, name)]
         if kept:
             log.warning("gateway config: changes to %s take effect at the next restart", ", ".join(kept))
             config = config.model_copy(update={name: getattr(self.config, name) for name in kept})
+        for change in key_events(self.config, config):
+            self.audit.write(change)
         self.config = config
         self.keys = KeyStore(config)
         log.info("gateway config reloaded: %d tenants, %d admin keys", len(config.tenants), len(config.admin_keys))
         _warn_of_tenants_without_models(config)
 
     def apply_table(self, table: RoutingTable) -> None:
+        if (change := table_event(self.table, table)) is not None:
+            self.audit.write(change)
         self.picker.sync(table)
         self.table = table
         self.metrics.table_generation.set(table.generation)
@@ -160,7 +187,8 @@ class GatewayApp:
         self._started = True
         warm_parser()
         self._start_polling()
-        self._tasks.append(asyncio.create_task(self.files.run(lambda: self.config.routing.reload_interval_s)))
+        self._tasks.append(asyncio.create_task(self.files.run(self._after_file_check)))
+        self._start_usage()
         executor = BatchExecutor(lambda: self.batch_api if self._configured else None, self.run_batch_line)
         self._tasks.append(asyncio.create_task(executor.run()))
 
@@ -171,6 +199,21 @@ class GatewayApp:
             self.picker, self.metrics, self.config.routing.poll_interval_s, self.config.routing.poll_timeout_s
         )
         self._poller = asyncio.get_running_loop().create_task(poller.run(self.forwarder.pool))
+
+    def _start_usage(self) -> None:
+        if self._usage_task is not None:
+            self._usage_task.cancel()
+        self._usage_task = asyncio.get_running_loop().create_task(self.usage.run())
+
+    def _after_file_check(self) -> float:
+        """The time to the next check of the files, which files.run asks for after every check: the moment to
+        write an admin event for a file that check rejected."""
+        for name, source in (("config", self.files.config), ("routes", self.files.routes)):
+            problem = source.problem if source is not None else None
+            if problem is not None and problem != self._rejected.get(name):
+                self.audit.write(event("file_rejected", file=name, path=str(source.path), reason=problem))
+            self._rejected[name] = problem
+        return self.config.routing.reload_interval_s
 
     def begin_termination(self) -> None:
         """SIGTERM: /ready fails from now on; requests are still served (see drain.py), but none is held any more
@@ -183,17 +226,20 @@ class GatewayApp:
             return "gateway is shutting down"
         if not self._started:
             return "gateway is starting"
-        return self.files.missing() or getattr(self.limiter, "not_ready_reason", lambda: None)()
+        return (self.files.missing() or self.audit.problem
+                or getattr(self.limiter, "not_ready_reason", lambda: None)())
 
     async def shutdown(self) -> None:
         self._started = False
-        tasks = [*self._tasks, *([self._poller] if self._poller else [])]
+        tasks = [*self._tasks, *(task for task in (self._poller, self._usage_task) if task)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.forwarder.close()
         stop_parser()
+        await self.usage.close()  # before the limiter's: it writes on the limiter's connection
         await self.limiter.close()
+        self.audit.close()
 
     # -- ASGI --------------------------------------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -240,8 +286,9 @@ class GatewayApp:
             if ctx.adapter is not None:
                 ctx.upstream_path = _CHAT_PATH
                 proxied_send = AdaptedSend(send, ctx.adapter)
+            client = scope.get("client")
             try:
-                await self._proxy(ctx, headers, receive, proxied_send)
+                await self._proxy(ctx, headers, receive, proxied_send, source=client[0] if client else None)
             except ClientGone:
                 pass  # it stopped reading the error it was being sent; _proxy settled and recorded the request
             finally:
@@ -285,6 +332,11 @@ class GatewayApp:
             else:
                 response = await stored(self.responses, principal.tenant, response_id)
             return 200, json.dumps(response).encode(), b"application/json"
+        if path == _USAGE:
+            if method != "GET":
+                raise GatewayError(405, f"{method} is not allowed on {path}")
+            require_admin(self.keys, headers)
+            return await usage_answer(self.usage, parse_query(scope.get("query_string", b""), time.time()))
         if path.startswith(_MODELS):
             if method != "GET":
                 raise GatewayError(405, f"{method} is not allowed on {path}")
@@ -309,14 +361,18 @@ class GatewayApp:
                                       code="tenant_not_found").body()
             return 403, body_bytes, own_id.decode()
         answer = _Captured()
-        await self._proxy(ctx, {}, _never_disconnects, answer, body=json.dumps(body).encode())
+        await self._proxy(ctx, {}, _never_disconnects, answer, body=json.dumps(body).encode(), mode="batch")
         return answer.status, b"".join(answer.chunks), own_id.decode()
 
     async def _proxy(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send,
-                     body: bytes | None = None) -> None:
-        """Serve one proxied request; whatever happens, answer it in the API's format, settle and record it."""
+                     body: bytes | None = None, *, mode: str = "online", source: str | None = None) -> None:
+        """Serve one proxied request; whatever happens, answer it in the API's format, settle and record it.
+        `mode`: online, or a batch line; `source`: the client's address."""
+        watch = AnswerWatch()
+
         async def send_tracked(message: dict[str, Any]) -> None:
             ctx.response_started = True
+            watch.saw(message, ctx.stream)
             if ctx.stream and message["type"] == "http.response.body":
                 ctx.admission.streamed(message.get("body", b""))
             await send(message)
@@ -326,6 +382,7 @@ class GatewayApp:
             await self._serve(ctx, headers, receive, send_tracked, body)
         except GatewayError as err:
             ctx.outcome.status = err.status
+            watch.error_code = err.code
             ctx.outcome.overhead_s = time.perf_counter() - ctx.started
             if ctx.response_started:  # a held stream: its headers are out, so the error is its last event
                 ctx.outcome.responded = True
@@ -342,6 +399,7 @@ class GatewayApp:
             # Our own bug: log it with the request id, answer in the API's format rather than a bare 500.
             log.exception("unexpected error in request %s", ctx.request_id.decode(errors="replace"))
             ctx.outcome.status = 500
+            watch.error_code = "internal_error"
             if not ctx.response_started:
                 body = GatewayError(500, "internal error in the gateway", code="internal_error").body()
                 await send_all(send, 500, body, [_JSON, *ctx.response_headers], ctx.started)
@@ -349,8 +407,23 @@ class GatewayApp:
             self.metrics.in_flight.dec()
             if ctx.adapter is not None:
                 ctx.adapter.close()
+            admitted = ctx.admission.grant is not None
             await ctx.admission.settle(ctx.outcome.prompt_tokens, ctx.outcome.completion_tokens, ctx.outcome.status)
             record(ctx, self.metrics, self.config.access_log)
+            self._account(ctx, watch, mode, source, admitted)
+
+    def _account(self, ctx: RequestContext, watch: AnswerWatch, mode: str, source: str | None,
+                 admitted: bool) -> None:
+        """The request's audit record, and what it used added to its tenant's usage."""
+        if self.audit.on:
+            self.audit.write(request_record(ctx, watch, mode=mode, source=source))
+        principal, outcome = ctx.principal, ctx.outcome
+        if principal is None or principal.admin:
+            return
+        counts = request_counts(outcome.prompt_tokens, outcome.completion_tokens, outcome.status, admitted)
+        if counts:
+            hour, route = hour_of(time.time()), outcome.route or UNKNOWN_ROUTE
+            self.usage.add({Cell(hour, principal.tenant, route, mode, kind): n for kind, n in counts.items()})
 
     async def _serve(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send,
                      body: bytes | None) -> None:

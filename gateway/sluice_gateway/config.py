@@ -265,6 +265,25 @@ class Batch(_Strict):
     )
 
 
+class Audit(_Strict):
+    """The audit trail: one JSON line per request answered and per admin event, never a prompt, a completion or a
+    key; what a record holds is in gateway/README.md ("Audit and usage")."""
+
+    sink: Literal["off", "stdout", "stderr"] | Path = Field(
+        default="off",
+        description="Where the records go: `off`, `stdout`, `stderr` (apart from the access log, which is on "
+                    "stdout), or a file they are appended to (relative to this file); a file that cannot be "
+                    "opened leaves the gateway not ready.",
+    )
+
+    @field_validator("sink")
+    @classmethod
+    def _names_a_file(cls, value: str | Path) -> str | Path:
+        if isinstance(value, Path) and str(value) in ("", "."):
+            raise ValueError("must be off, stdout, stderr or the path of a file")
+        return value
+
+
 class GatewayConfig(_Strict):
     listen: Listen = Listen()
     metrics_port: int = Field(
@@ -300,6 +319,7 @@ class GatewayConfig(_Strict):
     priority: Priority = Priority()
     tenants: tuple[Tenant, ...] = Field(default=(), description="Who may call the API, with which keys and limits.")
     access_log: bool = Field(default=True, description="One JSON line per request on stdout.")
+    audit: Audit = Audit()
 
     @property
     def drain_s(self) -> float:
@@ -394,4 +414,6 @@ def load_config(path: str | Path) -> GatewayConfig:
              if not (value := getattr(config.batch, name)).is_absolute()}
     if batch:
         relative["batch"] = config.batch.model_copy(update=batch)
+    if isinstance(config.audit.sink, Path) and not config.audit.sink.is_absolute():
+        relative["audit"] = config.audit.model_copy(update={"sink": Path(path).parent / config.audit.sink})
     return config.model_copy(update=relative) if relative else config

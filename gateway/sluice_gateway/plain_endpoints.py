@@ -1,4 +1,5 @@
-"""The endpoints the gateway answers itself: models, health, readiness and the admin views. Each takes the
+"""The endpoints the gateway answers itself: models, health, readiness and the admin views (the usage report,
+which reads a store and its query, is in usage/). Each takes the
 gateway's `Served` state and the request headers and returns (status, body, content type), or raises
 GatewayError."""
 from __future__ import annotations
@@ -66,12 +67,12 @@ def readiness(app: Served, headers: dict[bytes, bytes]) -> Answer:
 
 
 def admin_routes(app: Served, headers: dict[bytes, bytes]) -> Answer:
-    _admin(app, headers)
+    require_admin(app.keys, headers)
     return 200, app.table.to_json().encode(), _JSON
 
 
 def admin_endpoints(app: Served, headers: dict[bytes, bytes]) -> Answer:
-    _admin(app, headers)
+    require_admin(app.keys, headers)
     now = time.monotonic()
     data = [
         {"url": s.url, "available": s.available(now), "healthy": s.healthy, "waiting": s.waiting,
@@ -84,8 +85,9 @@ def admin_endpoints(app: Served, headers: dict[bytes, bytes]) -> Answer:
     return 200, json.dumps({"endpoints": data}).encode(), _JSON
 
 
-def _admin(app: Served, headers: dict[bytes, bytes]) -> Principal:
-    principal = require_principal(app.keys, headers)
+def require_admin(keys: KeyStore, headers: dict[bytes, bytes]) -> Principal:
+    """The admin key's principal; 401 without a known key, 403 for a tenant's."""
+    principal = require_principal(keys, headers)
     if not principal.admin:
         raise GatewayError(403, "this endpoint needs an admin key", code="admin_only")
     return principal
