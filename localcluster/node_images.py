@@ -1,5 +1,5 @@
 """Images on the real node: built with buildah (`images/`, or here from one of the cluster's own binaries), then
-handed to the node's containerd as an OCI archive, once per image id. No registry is reachable, so a pod's
+streamed to the node's containerd as an OCI layout with zstd layers, once per image id. No registry is reachable, so a pod's
 image must be on the node before the pod starts, and pods name them with `imagePullPolicy: Never` or
 `IfNotPresent`.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,11 +38,20 @@ def load(node: RealNode, name: str) -> str:
     if record.get(name) == image_id and _on_node(node, name):
         return image_id
     with tempfile.TemporaryDirectory(dir=node.home) as scratch:
-        archive = Path(scratch) / "image.tar"
-        # Uncompressed: the node unpacks it at once, and compressing gigabytes would only cost minutes.
-        buildah.buildah("push", "--quiet", "--disable-compression", name, f"oci-archive:{archive}:{name}",
-                        capture=True)
-        node.ctr("images", "import", str(archive), timeout=1800)
+        layout = Path(scratch) / "layout"
+        # zstd: the layers cross at under half their size and decompress at disk speed, so the node's content
+        # store and this copy together stay smaller than one uncompressed image (an image is gigabytes, and a
+        # CI machine's disk is not much more than a few of them).
+        buildah.buildah("push", "--quiet", "--compression-format", "zstd", name, f"oci:{layout}:{name}", capture=True)
+        # Streamed: an archive file would be one more copy on disk.
+        tar = subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", "oci-layout", "index.json", "blobs"],
+                               stdout=subprocess.PIPE)
+        try:
+            node.ctr("images", "import", "-", stdin=tar.stdout, timeout=1800)
+        finally:
+            tar.stdout.close()
+            if tar.wait() != 0:
+                raise subprocess.CalledProcessError(tar.returncode, tar.args)
     record[name] = image_id
     record_file.write_text(json.dumps(record, indent=1))
     return image_id
