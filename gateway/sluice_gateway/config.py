@@ -276,6 +276,11 @@ class Audit(_Strict):
                     "opened leaves the gateway not ready.",
     )
 
+    @field_validator("sink", mode="before")
+    @classmethod
+    def _unquoted_off(cls, value: object) -> object:
+        return "off" if value is False else value  # YAML reads a bare `off` as false
+
     @field_validator("sink")
     @classmethod
     def _names_a_file(cls, value: str | Path) -> str | Path:

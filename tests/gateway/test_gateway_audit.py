@@ -1,6 +1,8 @@
 """The audit trail on its own sink (a file here), against a real runtime through the official OpenAI client:
 a record for every request answered, refused ones and a client that leaves mid-stream included, never the
-prompt, the completion or the key; admin events for a reload's keys, a rejected file and a routing change."""
+prompt, the completion or the key; batch lines as such; admin events for a reload's keys, a rejected file and a
+routing change."""
+import io
 import json
 import socket
 import time
@@ -8,8 +10,9 @@ import time
 import httpx
 import openai
 import pytest
+import yaml
 
-from fixtures.gateway import backend, gateway_config, key_entry, table
+from fixtures.gateway import ADMIN_KEY, backend, gateway_config, key_entry, table
 
 pytestmark = pytest.mark.integration
 
@@ -140,3 +143,42 @@ def test_an_audit_file_that_cannot_be_written_leaves_the_gateway_not_ready(start
                             table(), wait_for="/health")
     ready = httpx.get(f"{gateway.url}/ready")
     assert ready.status_code == 503 and "audit.sink" in ready.json()["error"]["message"]
+
+
+def test_batch_lines_have_records_and_usage_of_their_own_mode(tiny_runtimes, start_gateway):
+    gateway = start_gateway(config(("ann-ci", KEY)), routes(tiny_runtimes[0].url))
+    api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "tiny", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 2 + i}}
+             for i in range(2)]
+    upload = api.files.create(file=("in.jsonl", io.BytesIO("".join(json.dumps(line) + "\n" for line in lines)
+                                                          .encode())), purpose="batch")
+    batch = api.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while (batch := api.batches.retrieve(batch.id)).status != "completed":
+        assert time.monotonic() < deadline and batch.status in ("validating", "in_progress", "finalizing"), batch
+        time.sleep(0.2)
+    answers = [json.loads(line)["response"] for line in api.files.content(batch.output_file_id).text.splitlines()]
+
+    found = wait_for_records(gateway, lambda r: r.get("client_request_id") == batch.id, 2)
+    assert {r["mode"] for r in found} == {"batch"} and {r["priority_class"] for r in found} == {"batch"}
+    assert {r["request_id"] for r in found} == {answer["request_id"] for answer in answers}
+    assert {r["source"] for r in found} == {None}
+    rows = httpx.get(f"{gateway.url}/v1/usage", params={"start": int(time.time()) - 60, "group_by": "mode,kind"},
+                     headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()["data"]
+    billed = {row["kind"]: row["value"] for row in rows if row["mode"] == "batch"}
+    assert billed["requests"] == 2
+    assert billed["prompt_tokens"] == sum(answer["body"]["usage"]["prompt_tokens"] for answer in answers)
+    assert billed["completion_tokens"] == sum(answer["body"]["usage"]["completion_tokens"] for answer in answers)
+    assert "walrus" not in (gateway.config_path.parent / "audit.jsonl").read_text()
+
+
+def test_the_sink_setting_is_checked_and_a_file_follows_the_config(tmp_path):
+    from sluice_gateway.config import GatewayConfig, load_config
+
+    (tmp_path / "gateway.yaml").write_text("audit: {sink: trail.jsonl}")
+    assert load_config(tmp_path / "gateway.yaml").audit.sink == tmp_path / "trail.jsonl"
+    assert GatewayConfig.model_validate(yaml.safe_load("audit: {sink: off}")).audit.sink == "off"  # YAML's false
+    for bad in ("", True, 3):
+        with pytest.raises(ValueError, match="audit.sink"):
+            GatewayConfig.model_validate({"audit": {"sink": bad}})
