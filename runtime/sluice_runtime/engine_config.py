@@ -126,8 +126,9 @@ class EngineConfig:
         None, "speculative decoding, as a JSON object: {\"method\": \"ngram\", \"num_speculative_tokens\": K "
               "(1 to 16), \"prompt_lookup_max\": N, \"prompt_lookup_min\": M} drafts up to K tokens from the "
               "request's own prompt and output after its last N..M tokens and checks them in one step (either "
-              "bound alone sets both; neither: 3 and 1). Greedy requests only, without a grammar (json_schema, "
-              "tools); others decode one token a step. CPU only, and not with --enable-lora or "
+              "bound alone sets both; neither: 3 and 1). Lossless: greedy and seeded output as without it, sampled "
+              "output from the same distribution. Not for requests with a grammar (json_schema, tools), which "
+              "decode one token a step. CPU only, and not with --enable-lora or "
               "--tensor-parallel-size above 1 (default: off)", metavar="JSON")
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
 """N-gram speculative decoding: greedy output token for token as without it, every block back, bad configs refused."""
+import collections
 import json
 import random
 
@@ -90,6 +91,74 @@ def test_random_workload_matches_and_returns_every_block(tiny_model_dir):
     assert engine.num_accepted_tokens > 0
 
 
+def test_seeded_sampled_output_is_identical_with_and_without_drafts(smollm2_tokenizer):
+    """Each position draws with its own seeded generator, so rejected rows change nothing that follows."""
+    tok = smollm2_tokenizer
+    repeat = chat_prompt(tok, "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog, twice.")
+    sampled = [SamplingParams(temperature=t, top_p=0.95, seed=seed, max_tokens=24, logprobs=1)
+               for seed in range(4) for t in (0.3, 1.0)]
+    sampled.append(SamplingParams(temperature=0.8, seed=9, n=2, max_tokens=24, frequency_penalty=0.4))
+    requests = [(repeat, params) for params in sampled]
+    config = dict(model="smollm2", dtype="float32", max_model_len=512, num_kv_blocks=96)
+    reference = _run(LLMEngine(EngineConfig(**config)), requests)
+    engine = LLMEngine(EngineConfig(**config, speculative_config=NGRAM))
+    got = _run(engine, requests)
+    # Tokens, text and finish exactly; logprobs to float32's reach, as a verification computes them in a
+    # query of another shape.
+    assert [(g[0], g[2], g[3]) for g in got] == [(r[0], r[2], r[3]) for r in reference]
+    for g, r in zip(got, reference):
+        assert [(t, top) for t, _, top in g[1]] == [(t, top) for t, _, top in r[1]]
+        assert max((abs(a[1] - b[1]) for a, b in zip(g[1], r[1])), default=0.0) < 1e-3
+    assert engine.num_accepted_tokens > 0, "sampled requests were drafted for"
+    # The same seed alone, without the batch around it, gives the same text again.
+    assert _run(engine, requests[:1])[0][0] == reference[0][0]
+
+
+def _homogeneous(a: collections.Counter, b: collections.Counter) -> bool:
+    """Whether Pearson's chi-square test keeps, at p=0.001, that two samples come from one distribution.
+    Outcomes seen fewer than 10 times in both together are pooled into one, as the test needs."""
+    keys = [key for key in set(a) | set(b) if a[key] + b[key] >= 10]
+    rest = [(sum(a.values()) - sum(a[k] for k in keys), sum(b.values()) - sum(b[k] for k in keys))]
+    cells = [(a[k], b[k]) for k in keys] + [r for r in rest if sum(r)]
+    n_a, n_b = sum(c[0] for c in cells), sum(c[1] for c in cells)
+    stat = sum((count - (x + y) * n / (n_a + n_b)) ** 2 / ((x + y) * n / (n_a + n_b))
+               for x, y in cells for count, n in ((x, n_a), (y, n_b)))
+    df = len(cells) - 1
+    if df == 0:
+        return True
+    # Wilson and Hilferty's approximation of the critical value; 3.09 is the normal quantile of 0.999.
+    critical = df * (1 - 2 / (9 * df) + 3.09 * (2 / (9 * df)) ** 0.5) ** 3
+    return stat < critical
+
+
+def test_sampled_tokens_keep_the_target_distribution(tiny_model_dir):
+    """Rejection sampling against plain decoding, unseeded, on a four-token vocabulary (top_k=4) of the random
+    model at a low temperature, where about half the drafts are right. How often a token is what the n-gram
+    lookup would draft there must agree (a two-proportion z-test at p=0.001): an acceptance that keeps a wrong
+    draft raises it. So must every position's token frequencies (chi-square at p=0.001)."""
+    motif = [4021, 880, 15003]
+    prompt = motif * 6
+    params = SamplingParams(temperature=0.3, top_k=4, max_tokens=5, ignore_eos=True)
+    requests = [(prompt, params)] * 240
+    config = dict(model=str(tiny_model_dir), dtype="float32", num_kv_blocks=512, max_num_seqs=64,
+                  max_model_len=64, target_itl_ms="off")
+    plain = _run(LLMEngine(EngineConfig(**config, seed=1)), requests)
+    engine = LLMEngine(EngineConfig(**config, seed=2, speculative_config=NGRAM))
+    drafted = _run(engine, requests)
+
+    def hits(run) -> list[bool]:
+        return [out[0][j:j + 1] == lookup(prompt + out[0][:j], 3, 1, 1) for out in run for j in range(1, 5)]
+
+    (p_plain, p_drafted), n = [sum(h) / len(h) for h in (hits(plain), hits(drafted))], len(hits(plain))
+    pooled = (p_plain + p_drafted) / 2
+    z = (p_drafted - p_plain) / (2 * pooled * (1 - pooled) / n) ** 0.5
+    assert abs(z) < 3.29, (p_plain, p_drafted)
+    for position in range(1, 5):
+        counts = [collections.Counter(out[0][position] for out in run) for run in (plain, drafted)]
+        assert _homogeneous(*counts), (position, counts)
+    assert 100 < engine.num_accepted_tokens < engine.num_draft_tokens
+
+
 def test_lookup_proposes_what_followed_the_longest_latest_match():
     assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 3, 1, 4) == [7, 8, 5, 2]
     # No 3-gram or 2-gram repeats; the latest single token does.
@@ -98,7 +167,7 @@ def test_lookup_proposes_what_followed_the_longest_latest_match():
     assert lookup([1, 2, 3], 3, 1, 4) == []
 
 
-def test_drafts_shrink_and_pause_while_they_miss_and_sampled_requests_get_none():
+def test_drafts_shrink_and_pause_while_they_miss():
     speculator = Speculator(parse_speculative_config(NGRAM), max_model_len=64)
     seq = SequenceGroup("r", [5, 6, 7, 8, 9] * 3, SamplingParams(temperature=0, max_tokens=20)).seqs[0]
     assert speculator.drafts(seq, room=16) == [5, 6, 7, 8, 9]
@@ -111,7 +180,7 @@ def test_drafts_shrink_and_pause_while_they_miss_and_sampled_requests_get_none()
     assert speculator.drafts(seq, room=16) == [5, 6, 7, 8, 9]  # a hit restores the full length
     assert speculator.drafts(seq, room=1) == [5]
     sampled = SequenceGroup("s", [5, 6, 5, 6], SamplingParams(temperature=0.7)).seqs[0]
-    assert speculator.drafts(sampled, room=16) == []
+    assert speculator.drafts(sampled, room=16) == [5, 6]
 
 
 @pytest.mark.parametrize("value, message", [

@@ -12,7 +12,7 @@ from sluice_contracts.request_priority import DEFAULT_CLASS, DEFAULT_CLASSES
 
 from ..engine_config import EngineConfig
 from ..executor.model_runner import BatchItem, ModelRunner
-from ..executor.sampler import SampleRequest, SampleResult
+from ..executor.sampler import SampleRequest, SampleResult, position_generator
 from ..model_load_error import ModelLoadError
 from ..models.loading import ModelInfo, resolve_model, validate_model_dir
 from ..models.lora_adapter import AdapterError, LoraAdapter, read_adapter
@@ -114,7 +114,6 @@ class LLMEngine:
         # leaves out and a queued request waits for all the same; measured while steps follow each other.
         self.step_overhead_s = 0.0
         self._previous_step: tuple[float, float] | None = None  # (started, seconds in the model), if it left work
-        self._generators: dict[tuple[str, int], object] = {}
         self._lock = threading.Lock()
         self.num_aborted = 0
         self.num_timed_out = 0
@@ -439,14 +438,13 @@ class LLMEngine:
     def _sample_request(self, seq: Sequence, drafts: list[int] | tuple[int, ...] = ()) -> SampleRequest:
         """What sampling `seq`'s next token needs, as if `drafts` had been appended to it."""
         params = seq.group.params
-        key = (seq.group.request_id, seq.index)
-        if params.seed is not None and key not in self._generators:
-            self._generators[key] = self.runner.make_generator(params.seed + seq.index)
+        position = seq.num_output_tokens + len(drafts)
+        generator = None if params.seed is None else position_generator(params.seed + seq.index, position)
         banned = []
-        if seq.num_output_tokens + len(drafts) < params.min_tokens:
+        if position < params.min_tokens:
             banned = self.eos_token_ids + list(params.stop_token_ids)
         return SampleRequest(params, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids + list(drafts),
-                             self._generators.get(key), banned, seq.constraint)
+                             generator, banned, seq.constraint)
 
     def _accept(self, item: ScheduledSeq, results: list[SampleResult]) -> list[SampleResult]:
         """The tokens a step adds to `item`'s sequence: the drafts the target picked too, then its own next one."""
@@ -520,8 +518,6 @@ class LLMEngine:
             self._unstarted.pop(group.request_id, None)
             if group.lora is not None and self.loras.release(group.lora):
                 self.runner.lora.remove(group.lora.id)
-        for seq in group.seqs:
-            self._generators.pop((group.request_id, seq.index), None)
 
     # -- introspection --------------------------------------------------------------------------
 

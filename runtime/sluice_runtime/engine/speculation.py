@@ -5,10 +5,14 @@ its prompt and output proposes the tokens that followed that occurrence. The nex
 and the drafts in one query; the target's own choice at each position accepts the longest agreeing prefix of
 the drafts, plus one token of its own, so each verification yields at least the token a plain decode would.
 
-Only greedy requests are drafted for, which keeps the output what decoding without drafts gives: token for token
-in float32; in bfloat16 as closely as a change of batch shape leaves greedy output anyway, since its rounding can
-flip a near tie between two tokens. A request that samples, or whose grammar's state cannot be rewound, decodes
-one token a step.
+Each row of a verification samples the target's token as a plain decode would after the drafts before it, and a
+draft is kept only while it equals that token. A draft made without a distribution of its own is accepted with the
+target's probability for it, and a rejection emits the target's draw given it was not the draft, so this is
+rejection sampling that keeps the target distribution exactly, for greedy and sampled requests alike. A seeded
+request draws each position with a generator keyed by that position (`position_generator`), so its output is
+token for token what decoding without drafts gives; so is greedy output, in float32 (in bfloat16 as closely as a
+change of batch shape leaves greedy output anyway, since its rounding can flip a near tie between two tokens). A
+request whose grammar's state cannot be rewound (json_schema, tools) decodes one token a step.
 """
 from __future__ import annotations
 
@@ -118,7 +122,7 @@ class Speculator:
         """Drafts for `seq`'s next step, at most `room` (the KV slots it may take beyond its next token), never
         past its max_tokens or the context, so the token the target adds stays within both."""
         params = seq.group.params
-        if not params.greedy or seq.constraint is not None:
+        if seq.constraint is not None:
             return []
         state = seq.drafting
         if not isinstance(state, Drafting):

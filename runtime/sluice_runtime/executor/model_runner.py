@@ -370,10 +370,6 @@ class ModelRunner:
                                         to_device(positions, torch.long, self.device), self.reference_backend,
                                         meta, None)
 
-    @staticmethod
-    def make_generator(seed: int) -> torch.Generator:
-        return torch.Generator().manual_seed(seed)
-
     # -- tensor-parallel workers ----------------------------------------------------------------------
 
     def follow(self, pipe) -> None:

@@ -20,7 +20,7 @@ class SampleRequest:
     params: SamplingParams
     prompt_ids: list[int]
     output_ids: list[int]
-    generator: torch.Generator | None  # the request's seed; None: the sampler's own generator
+    generator: torch.Generator | None  # the request's seed at this position; None: the sampler's own generator
     banned_ids: list[int]  # EOS and stop ids while min_tokens is not reached
     constraint: TokenConstraint | None
 
@@ -30,6 +30,20 @@ class SampleResult:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def position_generator(seed: int, position: int) -> torch.Generator:
+    """The generator a seeded request samples its output token at `position` with. Keyed by the position rather
+    than advanced token by token, so a draw does not depend on how many rows were drawn before it: a speculative
+    verification's rejected rows leave the next token's draw as a plain decode would make it, and a seeded
+    request gives the same text with or without drafts. splitmix64 spreads neighbouring seeds and positions."""
+    x = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return torch.Generator().manual_seed((x ^ (x >> 31)) & ((1 << 63) - 1))
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
