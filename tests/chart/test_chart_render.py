@@ -307,6 +307,21 @@ def test_cold_start_settings_reach_the_gateway_and_bad_ones_are_refused(helm, tm
         assert result.returncode != 0 and "coldStart" in result.stderr, bad
 
 
+def test_the_audit_sink_reaches_the_gateway_and_a_file_or_typo_is_refused(helm, tmp_path):
+    from sluice_gateway.config import load_config
+
+    for values, sink in ((["--set", "gateway.config.audit.sink=stderr"], "stderr"),
+                         # A bare `off` in a values file is YAML's false; it still means off.
+                         (["--set-json", "gateway.config.audit={\"sink\": false}"], "off"), ([], "off")):
+        objects = helm.template(*values)
+        (tmp_path / "gateway.yaml").write_text(one(objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
+        assert load_config(tmp_path / "gateway.yaml").audit.sink == sink, values
+    # A file in the pod would be lost with it and shipped by nothing: the chart offers the streams only.
+    for bad in ('{"sink": "/var/log/audit.jsonl"}', '{"sink": "stdout", "prompts": true}', '{"sink": 1}'):
+        result = helm.run("template", "sluice", str(CHART), "--set-json", f"gateway.config.audit={bad}", check=False)
+        assert result.returncode != 0 and "audit" in result.stderr, bad
+
+
 @pytest.mark.parametrize("which", ["default", "full"])
 def test_runtime_pods_admit_only_this_releases_gateway_and_operator(which, default_objects, full_objects):
     """Runtime pods live wherever InferenceModels are, so the operator writes their policy from the chart's flags:

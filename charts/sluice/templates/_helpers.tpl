@@ -103,6 +103,7 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- $batchStore := dict "database" (printf "%s/batch.db" (include "sluice.batchStoreDir" $root)) "files_dir" (printf "%s/files" (include "sluice.batchStoreDir" $root)) -}}
 {{- $_ := set $config "batch" (merge (deepCopy ($c.batch | default dict)) $batchStore) -}}
 {{- with $c.priority }}{{ $_ := set $config "priority" . }}{{ end -}}
+{{- with $c.audit }}{{ $_ := set $config "audit" . }}{{ end -}}
 {{- with (include "sluice.redisUrl" $root) }}
 {{- $_ := set $config "redis" (include "sluice.redisSettings" $root | fromJson) -}}
 {{- end -}}
