@@ -33,6 +33,8 @@ REQUEST_SUCCESS = "vllm:request_success"  # label finished_reason
 SPEC_DECODE_NUM_DRAFTS = "vllm:spec_decode_num_drafts"
 SPEC_DECODE_NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 SPEC_DECODE_NUM_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
+SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label position
+POSITION_LABEL = "position"
 
 # Histograms.
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"

@@ -70,6 +70,12 @@ def test_greedy_output_is_identical_with_stops_logprobs_and_penalties(smollm2_to
                         (names.SPEC_DECODE_NUM_DRAFT_TOKENS, stats.spec_decode_num_draft_tokens),
                         (names.SPEC_DECODE_NUM_ACCEPTED_TOKENS, stats.spec_decode_num_accepted_tokens)):
         assert f'{name}_total{{model_name="smollm2"}} {float(value)}' in text, name
+    per_pos = stats.spec_decode_num_accepted_tokens_per_pos
+    # A draft's position is accepted only after every one before it, and they add up to the accepted tokens.
+    assert len(per_pos) == 5 and per_pos == sorted(per_pos, reverse=True) and sum(per_pos) == stats.spec_decode_num_accepted_tokens
+    for position, count in enumerate(per_pos):
+        assert (f'{names.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS}_total{{model_name="smollm2",position="{position}"}} '
+                f'{float(count)}') in text
 
 
 def test_random_workload_matches_and_returns_every_block(tiny_model_dir):

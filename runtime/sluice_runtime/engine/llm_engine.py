@@ -63,6 +63,8 @@ class EngineStats:
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    # Accepted draft tokens by their position in the draft (0: the first), one entry per position a draft can have.
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
 
 def load_tokenizer(model_dir):
@@ -122,6 +124,8 @@ class LLMEngine:
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        speculative = self.scheduler.speculator
+        self.accepted_per_pos = [0] * (speculative.config.num_speculative_tokens if speculative else 0)
         self.loras = LoraRegistry()
         for name, path in config.lora_modules.items():
             try:
@@ -458,6 +462,8 @@ class LLMEngine:
             self.num_drafts += 1
             self.num_draft_tokens += len(drafts)
             self.num_accepted_tokens += accepted
+            for position in range(accepted):
+                self.accepted_per_pos[position] += 1
         return results[:accepted + 1]
 
     def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
@@ -549,7 +555,8 @@ class LLMEngine:
             estimated_queue_s=admission.queue_s(self._load, ahead),
             spec_decode_num_drafts=self.num_drafts,
             spec_decode_num_draft_tokens=self.num_draft_tokens,
-            spec_decode_num_accepted_tokens=self.num_accepted_tokens)
+            spec_decode_num_accepted_tokens=self.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos))
 
     def _resident_loras(self) -> list[str]:
         resident = self.runner.lora.resident_ids if self.runner.lora is not None else frozenset()

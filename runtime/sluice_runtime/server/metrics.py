@@ -53,6 +53,12 @@ class _EngineStateCollector:
             metric = family(name, doc, labels=[names.MODEL_LABEL])
             metric.add_metric([self._model], value)
             yield metric
+        per_pos = CounterMetricFamily(names.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS, "Draft tokens the model "
+                                      "accepted, by their position in the draft (0: the first).",
+                                      labels=[names.MODEL_LABEL, names.POSITION_LABEL])
+        for position, value in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+            per_pos.add_metric([self._model, str(position)], value)
+        yield per_pos
         refused = CounterMetricFamily(names.REQUESTS_REFUSED, "Requests refused at once or ended before they "
                                       "started (503 with Retry-After), by reason: not answerable within their "
                                       "budget, queue full, budget passed while queued.",
