@@ -47,6 +47,11 @@ LORA_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 # --quantization methods of the sluice engine (vLLM's names): weights quantized as the model loads.
 QUANTIZATIONS = ("int8",)
 
+# --speculative-config (vLLM's JSON keys): the draft methods built, and the most draft tokens one verification
+# carries (a longer query costs a memory-bound step more than the drafts a repeated text keeps right).
+SPECULATIVE_METHODS = ("ngram",)
+NUM_SPECULATIVE_TOKENS = IntRange("num_speculative_tokens", 1, 16)
+
 # The sluice engine's defaults: the runtime starts with them, and the operator passes them for a spec that leaves
 # the field unset, so a pod started by hand and one the operator made serve alike.
 DEFAULT_DTYPE = "float32"

@@ -124,7 +124,8 @@ class EngineConfig:
                            repeatable=True)
     speculative_config: str | dict | SpeculativeConfig | None = flag(
         None, "speculative decoding, as a JSON object: {\"method\": \"ngram\", \"num_speculative_tokens\": K "
-              "(1 to 16), \"prompt_lookup_max\": N, \"prompt_lookup_min\": M} drafts up to K tokens from the "
+              f"({runtime_flags.NUM_SPECULATIVE_TOKENS.minimum} to {runtime_flags.NUM_SPECULATIVE_TOKENS.maximum}), "
+              "\"prompt_lookup_max\": N, \"prompt_lookup_min\": M} drafts up to K tokens from the "
               "request's own prompt and output after its last N..M tokens and checks them in one step (either "
               "bound alone sets both; neither: 3 and 1). Lossless: greedy and seeded output as without it, sampled "
               "output from the same distribution. Not for requests with a grammar (json_schema, tools), which "

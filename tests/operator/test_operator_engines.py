@@ -83,6 +83,21 @@ def test_sluice_keeps_its_defaults_when_fields_are_unset():
     assert "--quantization" not in args
 
 
+@pytest.mark.parametrize("engine", ["sluice", "vllm"])
+def test_speculative_decoding_reaches_the_engine_in_vllms_flag(engine):
+    import json
+
+    from sluice_runtime.engine.speculation import parse_speculative_config
+
+    model = {"source": "hf:org/model"} if engine == "vllm" else None
+    spec = _spec(engine, model, speculative={"numSpeculativeTokens": 5, "promptLookupMax": 4})
+    value = _flag(_container(spec)["args"], "--speculative-config")
+    # vLLM's keys, only those the spec sets; the sluice runtime reads the same object.
+    assert json.loads(value) == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
+    assert parse_speculative_config(value).prompt_lookup_min == 4
+    assert "--speculative-config" not in _container(_spec(engine, model))["args"]
+
+
 def test_sluice_quantizes_its_weights_when_asked():
     args = _container(_spec("sluice", quantization="int8"))["args"]
     assert _flag(args, "--quantization") == "int8"

@@ -39,6 +39,8 @@ def sluice_command(name: str, spec: InferenceModelSpec, mount: ModelMount, drain
         args += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
     if rt.quantization is not None:
         args += ["--quantization", rt.quantization]
+    if rt.speculative is not None:
+        args += ["--speculative-config", rt.speculative.flag_value()]
     args += list(rt.args)
     if credential_secret is not None:
         args += ["--api-key-file", runtime_credential.MOUNT_PATH]

@@ -1,13 +1,13 @@
 """vLLM's OpenAI server: `vllm serve MODEL` and its flags, from an InferenceModel spec.
 
-Flags as vLLM defines them in vllm/engine/arg_utils.py (EngineArgs, the config dataclasses it draws from),
-read at vllm-project/vllm commit 99d7eb5d (the v0.11 line): `--served-model-name`,
-`--revision`, `--dtype` (auto, half, float16, bfloat16, float, float32), `--max-model-len`, `--max-num-seqs`,
-`--block-size`, `--[no-]enable-prefix-caching`, `--gpu-memory-utilization`, `--kv-cache-memory-bytes`,
-`--tensor-parallel-size`, `--host`, `--port`. vLLM's own API key guards only the `/v1` paths, so a pod that
-checks the runtime credential runs the server on loopback (engine_guard.ENGINE_HOST:ENGINE_PORT) with no key
-and the engine guard in front of it; the guard leaves `/health` and `/metrics` open. `/health` answers once the
-engine is up, so it is the readiness probe too.
+Flags as vLLM defines them in vllm/engine/arg_utils.py (EngineArgs, the config dataclasses it draws from), read at
+vllm-project/vllm commit 99d7eb5d (the v0.11 line): `--served-model-name`, `--revision`, `--dtype` (auto, half,
+float16, bfloat16, float, float32), `--max-model-len`, `--max-num-seqs`, `--block-size`,
+`--[no-]enable-prefix-caching`, `--gpu-memory-utilization`, `--kv-cache-memory-bytes`, `--tensor-parallel-size`,
+`--speculative-config`, `--host`, `--port`. vLLM's own API key guards only the `/v1` paths, so a pod that checks
+the runtime credential runs the server on loopback (engine_guard.ENGINE_HOST:ENGINE_PORT) with no key and the
+engine guard in front of it; the guard leaves `/health` and `/metrics` open. `/health` answers once the engine is
+up, so it is the readiness probe too.
 """
 from __future__ import annotations
 
@@ -46,4 +46,6 @@ def vllm_command(name: str, spec: InferenceModelSpec, mount: ModelMount, guarded
         args += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
     if not rt.prefix_caching:
         args.append("--no-enable-prefix-caching")
+    if rt.speculative is not None:
+        args += ["--speculative-config", rt.speculative.flag_value()]
     return EngineCommand(command=["vllm", "serve"], args=args + list(rt.args), ready_path="/health", guarded=guarded)

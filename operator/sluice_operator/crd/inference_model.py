@@ -1,6 +1,7 @@
 """InferenceModel: one served model, its runtime pods and how many of them to run."""
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -18,7 +19,9 @@ from sluice_contracts.runtime_flags import (
     MAX_LORAS,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
+    NUM_SPECULATIVE_TOKENS,
     QUANTIZATIONS,
+    SPECULATIVE_METHODS,
     TENSOR_PARALLEL_SIZE,
 )
 
@@ -74,11 +77,16 @@ SLUICE_KV_CACHE_MEMORY = runtime_flags.DEFAULT_CPU_KV_CACHE_MEMORY
 # runtime fields (camelCase) an engine has no flag for, with what to use instead; refused at the API server.
 ENGINE_UNSUPPORTED: dict[str, dict[str, str]] = {
     "sglang": {"kvCacheMemory": "SGLang sizes its KV cache from runtime.gpuMemoryUtilization (--mem-fraction-static)",
-               "quantization": "SGLang reads a quantized checkpoint's own configuration; name one in model.source"},
+               "quantization": "SGLang reads a quantized checkpoint's own configuration; name one in model.source",
+               "speculative": "SGLang's n-gram speculation takes flags of its own, not vLLM's --speculative-config"},
     "vllm": {"quantization": "vLLM reads a quantized checkpoint's own configuration; name one in model.source"},
 }
 MSG_QUANTIZATION_TP = "runtime.quantization is not supported with tensorParallelSize above 1"
 MSG_QUANTIZATION_ADAPTERS = "runtime.quantization is not supported with adapters (they were trained on unquantized weights)"
+MSG_SPECULATIVE_ADAPTERS = "runtime.speculative is not supported with adapters"
+MSG_SPECULATIVE_SLUICE_CPU = ("runtime.speculative with engine sluice runs on CPU only: not with resources.gpus or "
+                              "tensorParallelSize above 1")
+MSG_LOOKUP_ORDER = "runtime.speculative.promptLookupMax must be at least promptLookupMin"
 
 
 def msg_unsupported(engine: str, field_name: str) -> str:
@@ -186,6 +194,52 @@ class ModelSource(SpecModel):
         return ParsedSource("pvc", claim=claim, path=path)
 
 
+class SpeculativeSpec(SpecModel):
+    """vLLM's --speculative-config, which the sluice engine takes too: drafts from the request's own text."""
+
+    method: str = Field(default=SPECULATIVE_METHODS[0], json_schema_extra={"enum": list(SPECULATIVE_METHODS)},
+                        description="How drafts are made: ngram, the tokens that followed the latest earlier "
+                                    "occurrence of the request's last tokens (prompt lookup; no draft model).")
+    num_speculative_tokens: int = Field(
+        ge=NUM_SPECULATIVE_TOKENS.minimum, le=NUM_SPECULATIVE_TOKENS.maximum,
+        description="The most draft tokens one step checks.")
+    prompt_lookup_max: int | None = Field(
+        default=None, ge=1, le=MAX_MODEL_LEN.maximum,
+        description="Longest run of last tokens looked up; unset: promptLookupMin if set, else 3.")
+    prompt_lookup_min: int | None = Field(
+        default=None, ge=1, le=MAX_MODEL_LEN.maximum,
+        description="Shortest run of last tokens looked up; unset: promptLookupMax if set, else 1.")
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                cel("!has(self.promptLookupMax) || !has(self.promptLookupMin) "
+                    "|| self.promptLookupMax >= self.promptLookupMin", MSG_LOOKUP_ORDER),
+            ]
+        }
+    }
+
+    @field_validator("method")
+    @classmethod
+    def _a_method_built(cls, value: str) -> str:
+        if value not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _lookup_order(self) -> "SpeculativeSpec":
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is not None and high is not None and high < low:
+            raise ValueError(MSG_LOOKUP_ORDER)
+        return self
+
+    def flag_value(self) -> str:
+        """The JSON object --speculative-config takes, with only the keys the spec sets."""
+        keys = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
+                "prompt_lookup_max": self.prompt_lookup_max, "prompt_lookup_min": self.prompt_lookup_min}
+        return json.dumps({k: v for k, v in keys.items() if v is not None}, separators=(",", ":"))
+
+
 class RuntimeSpec(SpecModel):
     engine: Engine = Field(
         default="sluice",
@@ -215,6 +269,12 @@ class RuntimeSpec(SpecModel):
         default=None, json_schema_extra={"enum": list(QUANTIZATIONS)},
         description="Weights quantized as the model loads (the sluice engine's --quantization): int8, with a scale "
                     "per output channel, about a third of float32's weight memory. Unset: the dtype's weights.",
+    )
+    speculative: SpeculativeSpec | None = Field(
+        default=None,
+        description="Speculative decoding (vLLM's --speculative-config, for engines sluice and vllm): each step "
+                    "checks up to numSpeculativeTokens drafted tokens at once; output as without it. Pays where "
+                    "answers repeat their input (edits, extraction). Unset: off.",
     )
     kv_cache_memory: str | None = Field(
         default=None, pattern=KV_CACHE_PATTERN, max_length=32,
@@ -499,6 +559,9 @@ class InferenceModelSpec(SpecModel):
                 cel("!has(self.adapters) || self.runtime.engine != 'sglang'", MSG_ADAPTER_ENGINE, ".adapters"),
                 cel("!has(self.runtime.quantization) || self.tensorParallelSize <= 1", MSG_QUANTIZATION_TP),
                 cel("!has(self.runtime.quantization) || !has(self.adapters)", MSG_QUANTIZATION_ADAPTERS),
+                cel("!has(self.runtime.speculative) || !has(self.adapters)", MSG_SPECULATIVE_ADAPTERS),
+                cel("!has(self.runtime.speculative) || self.runtime.engine != 'sluice' "
+                    "|| (self.resources.gpus == 0 && self.tensorParallelSize <= 1)", MSG_SPECULATIVE_SLUICE_CPU),
             ]
         }
     }
@@ -514,6 +577,11 @@ class InferenceModelSpec(SpecModel):
             raise ValueError(MSG_QUANTIZATION_TP)
         if self.runtime.quantization is not None and self.adapters is not None:
             raise ValueError(MSG_QUANTIZATION_ADAPTERS)
+        if self.runtime.speculative is not None and self.adapters is not None:
+            raise ValueError(MSG_SPECULATIVE_ADAPTERS)
+        if (self.runtime.speculative is not None and self.runtime.engine == "sluice"
+                and (self.resources.gpus or self.tensor_parallel_size > 1)):
+            raise ValueError(MSG_SPECULATIVE_SLUICE_CPU)
         if self.replicas == 0 and (self.autoscaling is None or not self.autoscaling.scales_to_zero):
             raise ValueError(MSG_ZERO_REPLICAS)
         return self

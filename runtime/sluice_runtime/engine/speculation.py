@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sluice_contracts.runtime_flags import NUM_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
+
 if TYPE_CHECKING:
     from .sequence import Sequence
 
-METHODS = ("ngram",)
-# The most draft tokens one verification may carry.
-MAX_SPECULATIVE_TOKENS = 16
 # Decode steps, at most, that a sequence whose drafts keep missing waits before drafting again.
 MAX_PAUSE = 16
 # (prompt_lookup_max, prompt_lookup_min) when the config gives neither.
@@ -60,8 +59,9 @@ def parse_speculative_config(value: str | dict) -> SpeculativeConfig:
     if missing:
         raise ValueError(f"{flag}: missing key {missing[0]!r}")
     method = value["method"]
-    if method not in METHODS:
-        raise ValueError(f"{flag}: method {method!r} is not supported; the methods built are {', '.join(METHODS)}")
+    if method not in SPECULATIVE_METHODS:
+        raise ValueError(f"{flag}: method {method!r} is not supported; the methods built are "
+                         f"{', '.join(SPECULATIVE_METHODS)}")
     numbers = {}
     for key in _KEYS[1:]:
         if key not in value:
@@ -71,8 +71,8 @@ def parse_speculative_config(value: str | dict) -> SpeculativeConfig:
             raise ValueError(f"{flag}: {key} must be an integer, got {number!r}")
         numbers[key] = number
     k = numbers["num_speculative_tokens"]
-    if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-        raise ValueError(f"{flag}: num_speculative_tokens must be 1 to {MAX_SPECULATIVE_TOKENS}, got {k}")
+    if k not in NUM_SPECULATIVE_TOKENS:
+        raise ValueError(f"{flag}: {NUM_SPECULATIVE_TOKENS.message(k)}")
     # Either bound alone stands for both, as in vLLM; with neither, suffixes of DEFAULT_LOOKUP tokens.
     high = numbers.get("prompt_lookup_max", numbers.get("prompt_lookup_min", DEFAULT_LOOKUP[0]))
     low = numbers.get("prompt_lookup_min", high if "prompt_lookup_max" in numbers else DEFAULT_LOOKUP[1])
