@@ -58,28 +58,35 @@ def parse(dockerfile: Path) -> list[list[Instruction]]:
     return stages
 
 
-def run_build_stage(dockerfile: Path, workdir: Path, env: dict[str, str]) -> tuple[Path, list[str]]:
-    """Runs the first stage's COPY and RUN steps; returns the stand-in for /opt/sluice and the steps left out."""
-    source, venv, left_out = workdir / "src", workdir / "venv", []
+def run_install_steps(dockerfile: Path, workdir: Path, env: dict[str, str]) -> tuple[Path, list[str]]:
+    """Runs every stage's COPY and RUN steps here, in order, with the image's /src, /wheels and /opt/sluice as
+    folders of `workdir`; returns the stand-in for /opt/sluice and the steps left out (apt-get, flash-attn). A
+    COPY from an earlier stage needs nothing: that stage's folders are the same ones here."""
+    source, venv, wheels, left_out = workdir / "src", workdir / "venv", workdir / "wheels", []
     source.mkdir()
-    for step in parse(dockerfile)[0]:
-        if step.keyword == "COPY":
-            assert not step.text.startswith("--"), f"unexpected COPY flags in the build stage: {step.text}"
-            *sources, destination = step.text.split()
-            for name in sources:
-                target = source / (name if destination.endswith("/") or len(sources) > 1 else destination)
-                if (REPO / name).is_dir():
-                    shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-                else:
-                    shutil.copy2(REPO / name, target)
-        elif step.keyword == "RUN":
-            if step.text.startswith("apt-get") or "flash-attn" in step.text:
-                left_out.append(step.text)
-                continue
-            command = step.text.replace(IMAGE_ROOT, str(venv))
-            result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=source, env=env,
-                                    capture_output=True, text=True, timeout=900)
-            assert result.returncode == 0, f"{dockerfile.name}: RUN {step.text}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    wheels.mkdir()
+    for stage in parse(dockerfile):
+        for step in stage:
+            if step.keyword == "COPY":
+                if step.text.startswith("--from="):
+                    continue
+                assert not step.text.startswith("--"), f"unexpected COPY flags: {step.text}"
+                *sources, destination = step.text.split()
+                for name in sources:
+                    target = source / (name if destination.endswith("/") or len(sources) > 1 else destination)
+                    if (REPO / name).is_dir():
+                        shutil.copytree(REPO / name, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+                    else:
+                        shutil.copy2(REPO / name, target)
+            elif step.keyword == "RUN":
+                if step.text.startswith("apt-get") or "flash-attn" in step.text:
+                    left_out.append(step.text)
+                    continue
+                command = (step.text.replace(IMAGE_ROOT, str(venv)).replace("/src", str(source))
+                           .replace("/wheels", str(wheels)))
+                result = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=source, env=env,
+                                        capture_output=True, text=True, timeout=900)
+                assert result.returncode == 0, f"{dockerfile.name}: RUN {step.text}\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
     return venv, left_out
 
 
@@ -111,8 +118,8 @@ def test_images_run_as_non_root_with_the_documented_commands(dockerfile):
 
 @pytest.mark.integration
 def test_operator_image_install_steps(tmp_path):
-    venv, left_out = run_build_stage(REPO / "Dockerfile.operator", tmp_path, _env())
-    assert [step.split()[0] for step in left_out] == ["apt-get"], left_out
+    venv, left_out = run_install_steps(REPO / "Dockerfile.operator", tmp_path, _env())
+    assert [step.split()[0] for step in left_out] == ["apt-get", "apt-get"], left_out
     python = venv / "bin" / "python"
     no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True)
     assert no_torch.returncode != 0, "the control-plane image must not carry torch"
@@ -128,8 +135,8 @@ def test_operator_image_install_steps(tmp_path):
 @pytest.mark.integration
 def test_runtime_image_install_steps(tmp_path):
     shared = sysconfig.get_paths()["purelib"]
-    venv, left_out = run_build_stage(REPO / "Dockerfile.runtime", tmp_path, _env(PYTHONPATH=shared))
-    assert len(left_out) == 2 and left_out[0].startswith("apt-get") and "flash-attn" in left_out[1], left_out
+    venv, left_out = run_install_steps(REPO / "Dockerfile.runtime", tmp_path, _env(PYTHONPATH=shared))
+    assert [step.split()[0] for step in left_out] == ["mkdir", "apt-get"] and "flash-attn" in left_out[0], left_out
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import sluice_runtime; print(sluice_runtime.__file__)"],
                            capture_output=True, text=True, env=_env(PYTHONPATH=shared), timeout=60)
     assert where.returncode == 0 and where.stdout.startswith(str(venv)), where.stdout + where.stderr
