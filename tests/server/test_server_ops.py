@@ -21,7 +21,8 @@ VLLM_NAMES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv
               "vllm:request_success_total", "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
               "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
               "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-              "vllm:request_prompt_tokens", "vllm:request_generation_tokens"]
+              "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:spec_decode_num_drafts_total",
+              "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"]
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
@@ -75,9 +76,11 @@ def test_metrics_use_vllm_names_and_count_requests(runtime_server, runtime_opena
     assert metric(after, "sluice_runtime_http_requests_total", 'endpoint="/v1/chat/completions",status="200"') >= 1
     assert 'block_size="16"' in after
     # Every name the contract promises (the autoscaler scrapes the gauges) is the one exported; the LoRA gauge
-    # only where --enable-lora is given, as in vLLM (tests/server/test_server_lora.py reads it there).
+    # only where --enable-lora is given, as in vLLM (tests/server/test_server_lora.py reads it there), and the
+    # accepted drafts by position only where --speculative-config gives positions (tests/runtime reads them).
+    only_where_enabled = (metric_names.LORA_REQUESTS_INFO, metric_names.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS)
     promised = [v for k, v in vars(metric_names).items()
-                if k.isupper() and v.startswith("vllm:") and v != metric_names.LORA_REQUESTS_INFO]
+                if k.isupper() and v.startswith("vllm:") and v not in only_where_enabled]
     assert len(promised) == len(VLLM_NAMES)
     for name in promised:
         assert re.search(rf"^{re.escape(name)}(_total|_bucket|_count|_sum)?\{{", after, re.M), name
