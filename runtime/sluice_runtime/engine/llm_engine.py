@@ -120,10 +120,10 @@ class LLMEngine:
         self.num_aborted = 0
         self.num_timed_out = 0
         self.steps = 0
-        # Speculative decoding: verifications run, draft tokens they carried, and those the target agreed with.
+        # Speculative decoding: verifications run, draft tokens they carried, and those the target agreed with, by
+        # their place in the draft (their sum is the accepted tokens).
         self.num_drafts = 0
         self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
         speculative = self.scheduler.speculator
         self.accepted_per_pos = [0] * (speculative.config.num_speculative_tokens if speculative else 0)
         self.loras = LoraRegistry()
@@ -461,10 +461,13 @@ class LLMEngine:
             self.scheduler.speculator.observe(item.seq, accepted)
             self.num_drafts += 1
             self.num_draft_tokens += len(drafts)
-            self.num_accepted_tokens += accepted
             for position in range(accepted):
                 self.accepted_per_pos[position] += 1
         return results[:accepted + 1]
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(self.accepted_per_pos)
 
     def _append_token(self, seq: Sequence, result: SampleResult, now: float) -> None:
         params = seq.group.params
