@@ -149,6 +149,16 @@ def test_torch_threads_follow_the_cpu_limit_not_the_node(cpu, threads):
     assert {"name": "OMP_NUM_THREADS", "value": str(threads)} in env
 
 
+def test_a_cpu_limit_above_the_request_makes_a_burstable_pod_with_threads_for_the_limit():
+    container = _container(build_deployment(OWNER, _spec(resources={"cpu": "250m", "cpuLimit": 2, "memory": "3Gi"})))
+    assert container["resources"] == {"requests": {"cpu": "250m", "memory": "3Gi"},
+                                      "limits": {"cpu": "2", "memory": "3Gi"}}
+    assert {"name": "OMP_NUM_THREADS", "value": "2"} in container["env"]
+    # Unset, the limit is the request.
+    plain = _container(build_deployment(OWNER, _spec(resources={"cpu": "250m"})))["resources"]
+    assert plain["limits"]["cpu"] == plain["requests"]["cpu"] == "250m"
+
+
 def _restricted_violations(pod: dict) -> list[str]:
     """The `restricted` Pod Security Standard's checks, as the API server's PodSecurity admission makes them."""
     found = []

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +9,7 @@ from sluice_contracts import engine_guard, runtime_credential
 
 from ..crd import ENGINE_IMAGES, RUNTIME_PORT, InferenceModelSpec
 from ..crd.adapters import Adapter
+from ..crd.base import cpu_cores
 from .adapters import (
     START_ADAPTERS_ANNOTATION,
     TEMPLATE_DIGEST_ANNOTATION,
@@ -51,20 +51,15 @@ def _probe(path: str, period: int, failures: int, timeout: int = 3) -> dict[str,
     }
 
 
-_CPU_UNITS = {"m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-              "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
-
-
 def cpu_threads(cpu: str) -> int:
     """Intra-op threads for the runtime: torch sizes its pool by the node's cores, not the pod's CPU limit, so
     a 2-CPU pod on a 64-core node would run 64 threads and spend its quota being throttled."""
-    number = re.match(r"^[0-9.]+", cpu).group(0)
-    return max(1, math.floor(float(number) * _CPU_UNITS[cpu[len(number):]]))
+    return max(1, math.floor(cpu_cores(cpu)))
 
 
 def _resources(spec: InferenceModelSpec) -> dict[str, Any]:
     amounts: dict[str, Any] = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
-    limits = dict(amounts)
+    limits = {**amounts, "cpu": spec.resources.cpu_ceiling}
     if spec.resources.gpus:
         limits["nvidia.com/gpu"] = spec.resources.gpus
     return {"requests": amounts, "limits": limits}
@@ -218,7 +213,7 @@ def _pod_template(owner: Owner, spec: InferenceModelSpec, credential_secret: str
     env = [
         _POD_IP,
         *writable_env(),
-        {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu))},
+        {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu_ceiling))},
         *command.env,
     ]
     container = _container(spec, engine_image(spec, images), command, env, mounts)

@@ -60,6 +60,16 @@ def _quantity(value: Any) -> str:
     return text
 
 
+_UNITS = {"m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+          "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+
+
+def cpu_cores(quantity: str) -> float:
+    """A CPU quantity ("2", "500m") in cores."""
+    number = re.match(r"^[0-9.]+", quantity).group(0)
+    return float(number) * _UNITS[quantity[len(number):]]
+
+
 Quantity = Annotated[
     str,
     BeforeValidator(_quantity),

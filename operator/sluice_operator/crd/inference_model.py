@@ -33,7 +33,7 @@ from .adapters import (
     Adapter,
     AdapterStatus,
 )
-from .base import IntOrPercent, Kind, Quantity, SpecModel, StatusModel, cel
+from .base import IntOrPercent, Kind, Quantity, SpecModel, StatusModel, cel, cpu_cores
 from .status import Condition, conditions_schema_extra
 
 EMBEDDED_MODEL = "smollm2"
@@ -50,6 +50,7 @@ IMAGE_REFERENCE = (rf"^{_COMPONENT}(:[0-9]+)?(/{_COMPONENT})*(:[A-Za-z0-9_][A-Za
 # The label a Secret carries when the platform team lets models use it as their Hugging Face token.
 TOKEN_SECRET_LABEL = "sluice.dev/model-token"
 TOKEN_SECRET_OPT_IN = "true"
+MSG_CPU_LIMIT = "resources.cpuLimit must not be below resources.cpu (the request)"
 MSG_SOURCE = "model.source must be 'smollm2', 'hf:ORG/NAME' or 'pvc://CLAIM/PATH'"
 MSG_HF_ONLY = "model.revision and model.tokenSecret only apply to an 'hf:' source"
 MSG_MIN_MAX = "autoscaling.minReplicas must not be above autoscaling.maxReplicas"
@@ -364,7 +365,12 @@ class Toleration(SpecModel):
 
 
 class ResourcesSpec(SpecModel):
-    cpu: Quantity = Field(default="1", description="CPU request and limit of each runtime pod.")
+    cpu: Quantity = Field(default="1", description="CPU request of each runtime pod, and its limit unless cpuLimit says.")
+    cpu_limit: Quantity | None = Field(
+        default=None,
+        description="CPU limit of each runtime pod when above cpu: the pod may use idle cores up to it (Burstable), "
+                    "and the engine's threads follow it. Unset: the request.",
+    )
     memory: Quantity = Field(default="4Gi", description="Memory request and limit of each runtime pod.")
     gpus: int = Field(default=0, ge=0, le=64, description="nvidia.com/gpu per pod; 0 runs on CPU.")
     node_selector: dict[str, str] = Field(
@@ -373,6 +379,24 @@ class ResourcesSpec(SpecModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Taints the pods tolerate, e.g. on GPU nodes."
     )
+
+    model_config = {
+        "json_schema_extra": {"x-kubernetes-validations": [
+            cel("!has(self.cpuLimit) || quantity(string(self.cpuLimit)).compareTo(quantity(string(self.cpu))) >= 0",
+                MSG_CPU_LIMIT),
+        ]}
+    }
+
+    @model_validator(mode="after")
+    def _limit_not_below_request(self) -> "ResourcesSpec":
+        if self.cpu_limit is not None and cpu_cores(self.cpu_limit) < cpu_cores(self.cpu):
+            raise ValueError(MSG_CPU_LIMIT)
+        return self
+
+    @property
+    def cpu_ceiling(self) -> str:
+        """The most CPU a pod may use: what its engine sizes its threads by."""
+        return self.cpu_limit or self.cpu
 
 
 class Capabilities(SpecModel):
