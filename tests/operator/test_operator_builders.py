@@ -159,6 +159,15 @@ def test_a_cpu_limit_above_the_request_makes_a_burstable_pod_with_threads_for_th
     assert plain["limits"]["cpu"] == plain["requests"]["cpu"] == "250m"
 
 
+def test_a_cache_claim_holds_the_runtimes_cache_and_nothing_else():
+    pod = build_deployment(OWNER, _spec(runtime={"cacheClaim": "model-cache"}))["spec"]["template"]["spec"]
+    claimed = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claimed == [{"name": "cache", "persistentVolumeClaim": {"claimName": "model-cache"}}]
+    (mount,) = [m for m in _container({"spec": {"template": {"spec": pod}}})["volumeMounts"] if m["name"] == "cache"]
+    env = {e["name"]: e.get("value") for e in _container({"spec": {"template": {"spec": pod}}})["env"]}
+    assert env["SLUICE_CACHE_DIR"].startswith(mount["mountPath"] + "/") and not mount.get("readOnly")
+
+
 def _restricted_violations(pod: dict) -> list[str]:
     """The `restricted` Pod Security Standard's checks, as the API server's PodSecurity admission makes them."""
     found = []
@@ -182,17 +191,18 @@ def _restricted_violations(pod: dict) -> list[str]:
 
 
 @pytest.mark.parametrize("fields", [{}, {"model": {"source": "pvc://weights/llama"}},
-                                    {"model": {"source": "hf:org/m"}, "tensorParallelSize": 2, "resources": {"gpus": 2}}],
-                         ids=["embedded", "pvc", "tensor-parallel"])
+                                    {"model": {"source": "hf:org/m"}, "tensorParallelSize": 2, "resources": {"gpus": 2}},
+                                    {"runtime": {"cacheClaim": "model-cache"}}],
+                         ids=["embedded", "pvc", "tensor-parallel", "cache-claim"])
 def test_runtime_pods_pass_the_restricted_profile_with_a_read_only_root(fields):
     pod = build_deployment(OWNER, _spec(**fields))["spec"]["template"]["spec"]
     assert _restricted_violations(pod) == []
     assert pod["automountServiceAccountToken"] is False, "the runtime never calls the API server"
     container = _container({"spec": {"template": {"spec": pod}}})
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    # Every place the runtime and its libraries write lies on a writable emptyDir.
-    writable = [m["mountPath"] for m in container["volumeMounts"]
-                if "emptyDir" in next(v for v in pod["volumes"] if v["name"] == m["name"])]
+    # Every place the runtime and its libraries write lies on a writable emptyDir (or the cache claim).
+    writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")
+                and {"emptyDir", "persistentVolumeClaim"} & next(v for v in pod["volumes"] if v["name"] == m["name"]).keys()]
     env = {e["name"]: e.get("value") for e in container["env"]}
     for name in ("SLUICE_CACHE_DIR", "TMPDIR", "HOME", "HF_HOME", "XDG_CACHE_HOME"):
         assert any(env[name] == path or env[name].startswith(path + "/") for path in writable), name

@@ -197,7 +197,7 @@ def build_deployment(owner: Owner, spec: InferenceModelSpec, credential_secret: 
 def _pod_template(owner: Owner, spec: InferenceModelSpec, credential_secret: str | None,
                   images: Mapping[str, str] | None, start: list[Adapter], guard_image: str | None) -> dict[str, Any]:
     mount = model_mount(spec)
-    volumes, mounts = writable_volumes()
+    volumes, mounts = writable_volumes(spec.runtime.cache_claim)
     volumes += mount.volumes
     mounts += mount.mounts
     claim_volumes, claim_mounts = adapter_volumes([*start, *(spec.adapters or [])])

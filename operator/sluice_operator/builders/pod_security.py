@@ -1,7 +1,8 @@
 """What lets a runtime pod into a namespace enforcing the `restricted` Pod Security Standard.
 
 A fixed non-root user, no privilege, no service-account token (the runtime never calls the API server),
-a read-only root file system, and an emptyDir for every place the runtime and its libraries write.
+a read-only root file system, and an emptyDir (or the model's cache claim) for every place the runtime and its
+libraries write.
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def container_security_context() -> dict[str, Any]:
     }
 
 
-def writable_volumes() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts) of the writable emptyDirs."""
-    volumes = [{"name": name, "emptyDir": {}} for name in WRITABLE_DIRS]
+def writable_volumes(cache_claim: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of the writable places: emptyDirs, the cache on `cache_claim` when one is named."""
+    volumes = [{"name": name, "emptyDir": {}} if name != "cache" or cache_claim is None
+               else {"name": name, "persistentVolumeClaim": {"claimName": cache_claim}} for name in WRITABLE_DIRS]
     mounts = [{"name": name, "mountPath": path} for name, path in WRITABLE_DIRS.items()]
     return volumes, mounts
 

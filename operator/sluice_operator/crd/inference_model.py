@@ -253,6 +253,13 @@ class RuntimeSpec(SpecModel):
                     "operator.allowedImagePrefixes); unset: the release's image for the engine (defaults: "
                     + ", ".join(f"{engine} {image}" for engine, image in ENGINE_IMAGES.items()) + ").",
     )
+    cache_claim: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$",
+        description="A PersistentVolumeClaim of the namespace mounted at the runtime's cache directory instead of "
+                    "an empty one: replicas and restarts reuse converted weights, compiled kernels and Hub "
+                    "downloads rather than making them again at each start (ReadWriteMany for replicas on several "
+                    "nodes). Unset: each pod starts with an empty cache.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
