@@ -32,6 +32,7 @@ def _line(ctx: RequestContext) -> dict:
     return {
         "request_id": ctx.request_id.decode(errors="replace"),
         "client_request_id": ctx.client_id.decode() if ctx.client_id else None,
+        "trace_id": ctx.trace.trace_id,
         "tenant": ctx.tenant,
         "key_id": ctx.principal.key_id if ctx.principal else None,
         "route": outcome.route,

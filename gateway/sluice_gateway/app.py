@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from sluice_contracts import request_id
+from sluice_contracts import request_id, trace_context
 from sluice_contracts.routing_table import Route, RoutingTable
 
 from .access_record import UNKNOWN_ROUTE, record
@@ -89,6 +89,8 @@ _FORM_FRAMING_BYTES = 64 * 1024
 _MODELS = "/v1/models/"
 _USAGE = "/v1/usage"
 _JSON = (b"content-type", b"application/json")
+_TRACEPARENT, _TRACESTATE = trace_context.TRACEPARENT.encode(), trace_context.TRACESTATE.encode()
+_TRACE_ID = trace_context.TRACE_ID_HEADER.encode()
 # Every API endpoint served, for the compatibility table of the README (checked against it by a test).
 API_ROUTES = (*(("POST", path) for path in (*_PROXIED, *_ADAPTED)), ("GET", "/v1/models"),
               ("GET", _MODELS + "{model}"), ("GET", _RESPONSES + "{id}"),
@@ -267,15 +269,17 @@ class GatewayApp:
         own_id = next(_request_ids)
         client_id = headers.get(b"x-request-id")
         client_id = client_id if client_id and request_id.BYTES.match(client_id) else None
+        trace = _trace(scope["headers"])
         path, method = scope["path"], scope["method"]
         adapted = _ADAPTED.get(path)
         kind = _PROXIED.get(path) or ("chat" if adapted else None)
         send = DeadlinedSend(send, scope, self.config.timeouts.client_send_s)
         if kind is not None and method == "POST":
             ctx = RequestContext(kind, path, own_id, client_id, started, Admission(self.limiter, self.metrics),
-                                 budget_s=client_budget(scope["headers"]),
+                                 budget_s=client_budget(scope["headers"]), trace=trace,
                                  response_headers=[(b"x-request-id", client_id or own_id),
-                                                   (b"x-sluice-request-id", own_id)])
+                                                   (b"x-sluice-request-id", own_id),
+                                                   (_TRACE_ID, trace.trace_id.encode())])
             proxied_send: Send = send
             if adapted == "responses":
                 ctx.adapter = ResponsesAdapter(self.responses, lambda: ctx.tenant, self.running_responses)
@@ -300,7 +304,8 @@ class GatewayApp:
             status, body, content_type = err.status, err.body(), b"application/json"
         try:
             await send_all(send, status, body, [(b"content-type", content_type),
-                                                (b"x-request-id", client_id or own_id)], started)
+                                                (b"x-request-id", client_id or own_id),
+                                                (_TRACE_ID, trace.trace_id.encode())], started)
         except ClientGone:
             send.cut_off()
 
@@ -508,6 +513,13 @@ class GatewayApp:
             self.metrics.client_disconnects.inc()
         finally:
             watcher.cancel()
+
+
+def _trace(raw_headers: list[tuple[bytes, bytes]]) -> trace_context.TraceContext:
+    """The client's trace context when valid, else a new trace (never an error)."""
+    parents = [value.decode("latin-1") for name, value in raw_headers if name == _TRACEPARENT]
+    states = [value.decode("latin-1") for name, value in raw_headers if name == _TRACESTATE]
+    return trace_context.read_or_start(parents, states)
 
 
 class _Captured:

@@ -125,6 +125,8 @@ class Forwarder:
             # What the tenant was charged for; the runtime refuses a prompt that turns out longer.
             prompt_reservation.HEADER: prompt_reservation.header_value(ctx.parsed.reserved_prompt_tokens),
         }
+        # The client's trace, with this attempt as the parent span: a retry's attempts are siblings in one trace.
+        headers.update(ctx.trace.child().headers())
         if credential is not None:
             headers[runtime_credential.HEADER] = credential
         left = ctx.budget_left()

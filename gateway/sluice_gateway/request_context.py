@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice_contracts.trace_context import TraceContext, new_trace
+
 from .admission import Admission
 from .auth import Principal
 from .request import ParsedRequest
@@ -42,6 +44,7 @@ class RequestContext:
     started: float  # time.perf_counter() when the request arrived
     admission: Admission
     budget_s: float | None = None  # the client's timeout (budget.py), from `started`; None: it states none
+    trace: TraceContext = field(default_factory=new_trace)  # the client's, when valid (sluice_contracts.trace_context)
     principal: Principal | None = None
     parsed: ParsedRequest | None = None
     # The client did not ask for usage on a stream, but the limiter needs it: asked for, then dropped on the way back.

@@ -20,6 +20,7 @@ def request_record(ctx: RequestContext, watch: AnswerWatch, *, mode: str, source
         "time": datetime.fromtimestamp(arrived, UTC).isoformat(timespec="milliseconds"),
         "request_id": ctx.request_id.decode(errors="replace"),
         "client_request_id": ctx.client_id.decode() if ctx.client_id else None,
+        "trace_id": ctx.trace.trace_id,
         "mode": mode,
         "tenant": principal.tenant if principal else None,
         "key_id": principal.key_id if principal else None,

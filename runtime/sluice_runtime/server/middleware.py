@@ -1,4 +1,5 @@
-"""The outermost layer of every request: request id, body size limit, drain gate, last-resort errors, log line.
+"""The outermost layer of every request: request id, trace context, body size limit, drain gate, last-resort
+errors, log line.
 
 Written as plain ASGI rather than Starlette's BaseHTTPMiddleware so that streamed responses pass
 straight through and a client disconnect still reaches the handler.
@@ -9,7 +10,7 @@ import logging
 import time
 import uuid
 
-from sluice_contracts import request_id
+from sluice_contracts import request_id, trace_context
 from sluice_contracts.runtime_credential import OPEN_PATHS
 
 from .disconnect import ClientDisconnected, ClientStalled
@@ -17,6 +18,10 @@ from .errors import APIError, internal_error, shutting_down, unauthorized
 from .request_log import RequestRecord
 
 log = logging.getLogger("sluice.server")
+
+
+_TRACEPARENT, _TRACESTATE = trace_context.TRACEPARENT.encode(), trace_context.TRACESTATE.encode()
+_TRACE_ID = trace_context.TRACE_ID_HEADER.encode()
 
 
 class _BodyTooLarge(Exception):
@@ -101,14 +106,16 @@ class RequestContextMiddleware:
 
 
 def _sending_request_id(send, record: RequestRecord):
-    """`send` that records the status and adds x-request-id (the client's own when it sent a usable one)."""
-    echoed = (record.client_request_id or record.request_id).encode()
+    """`send` that records the status and adds x-request-id (the client's own when it sent a usable one) and the
+    request's trace id."""
+    ids = [(b"x-request-id", (record.client_request_id or record.request_id).encode()),
+           (_TRACE_ID, record.trace_id.encode())]
 
     async def send_with_id(message):
         if message["type"] == "http.response.start":
             record.status = message["status"]
             message = dict(message)
-            message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", echoed)]
+            message["headers"] = list(message.get("headers", [])) + ids
         await send(message)
 
     return send_with_id
@@ -135,8 +142,14 @@ def _new_record(scope, headers: dict[str, str]) -> RequestRecord:
     echoed), never used inside: two requests sending one id must not meet in the engine, where an id names
     the request to stream to and to abort."""
     client_id = headers.get("x-request-id", "")
+    # The caller's trace (the gateway's attempt is its parent span), else one of its own: every line names one.
+    raw = scope.get("headers", [])
+    trace = trace_context.read([v.decode("latin-1") for k, v in raw if k == _TRACEPARENT],
+                               [v.decode("latin-1") for k, v in raw if k == _TRACESTATE])
     return RequestRecord(request_id=f"req-{uuid.uuid4().hex}", method=scope["method"], path=scope["path"],
-                         client_request_id=client_id if request_id.TEXT.match(client_id) else None)
+                         client_request_id=client_id if request_id.TEXT.match(client_id) else None,
+                         trace_id=(trace or trace_context.new_trace()).trace_id,
+                         parent_span_id=trace.parent_id if trace else None)
 
 
 def _int(value: str | None) -> int:

@@ -13,7 +13,9 @@ class RequestRecord:
     request_id: str  # the server's own, unique
     method: str
     path: str
+    trace_id: str  # the caller's W3C trace, else one started here (sluice_contracts.trace_context)
     client_request_id: str | None = None  # the client's x-request-id, which need not be unique
+    parent_span_id: str | None = None  # the caller's span (a gateway's attempt); None: the trace started here
     status: int | None = None
     model: str | None = None
     template_version: str | None = None
