@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 
 from .engines import DEFAULT_ENGINE, Engine
 from .model_tasks import DEFAULT_TASKS, Task
+from .model_version import PATTERN as VERSION_PATTERN
 
 Affinity = Literal["prefix", "session", "none"]
 
@@ -48,6 +49,10 @@ class Backend(_Wire):
     capabilities: Capabilities = Capabilities()
     engine: Engine = Field(default=DEFAULT_ENGINE, description="The server behind the endpoints (sluice_contracts."
                                                                "engines): how the gateway reads their load.")
+    version: str | None = Field(
+        default=None, pattern=VERSION_PATTERN,
+        description="The model version its answers name (sluice_contracts.model_version); None: the engine's own.",
+    )
 
     @field_validator("endpoints")
     @classmethod

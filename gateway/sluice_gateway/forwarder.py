@@ -11,6 +11,9 @@ one side and not yet by the other). They also get the tenant's priority, name an
 sluice_contracts.request_priority, from gateway.yaml, whatever the client sent, and what is left of the request's
 budget (budget.py) in the header of sluice_contracts.request_deadline, never the client's own timeout headers.
 
+Each attempt carries the client's trace (sluice_contracts.trace_context) under a span of its own. The backend that
+answers names its model version on the answer (version_stamp.py).
+
 A runtime's refusal for a budget it cannot meet (or one that passed while queued) is tried on the next endpoint
 only while some of the budget is left; the client gets the last refusal as the runtime sent it (its code and
 Retry-After).
@@ -18,11 +21,14 @@ Retry-After).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from itertools import islice
 
 from sluice_contracts import prompt_reservation, request_deadline, request_priority, runtime_credential
+from sluice_contracts.model_version import HEADER as VERSION_HEADER
+from sluice_contracts.model_version import PATTERN, fingerprint
 
 from .budget import budget_passed
 from .config import Timeouts
@@ -34,11 +40,15 @@ from .relay import ResponseRelay, Send, upstream_code, upstream_message
 from .request import serialise
 from .request_context import RequestContext
 from .upstream_credential import UpstreamCredential
+from .version_stamp import field
 
 _RETRY_STATUSES = {500, 502, 503, 504}
 _MAX_ERROR_BODY = 64 * 1024  # of an upstream error, only the message is passed on
 # The codes of upstream refusals the client gets as they are: what they say (a budget) is the client's own.
 _PASSED_ON_CODES = frozenset({request_deadline.DEADLINE_UNATTAINABLE, request_deadline.DEADLINE_PASSED})
+_VERSION_HEADER = VERSION_HEADER.encode()
+_VERSION = re.compile(PATTERN)
+_FINGERPRINTED = frozenset({"chat", "completion"})  # the tasks whose answers carry OpenAI's system_fingerprint
 
 
 class Forwarder:
@@ -75,7 +85,7 @@ class Forwarder:
                 if answer is None:
                     continue
                 resp, headers_at = answer
-                self._answered(ctx, attempt)
+                self._answered(ctx, attempt, resp)
                 await self._relay.relay(ctx, resp, headers_at, deadline, send)
                 return
             finally:
@@ -174,11 +184,21 @@ class Forwarder:
             headers=[(b"retry-after", retry_after.encode())] if retry_after else [],
         )
 
-    def _answered(self, ctx: RequestContext, attempt: Attempt) -> None:
+    def _answered(self, ctx: RequestContext, attempt: Attempt, resp: UpstreamResponse) -> None:
         self._picker.report_success(attempt.endpoint)
         self._metrics.upstream_latency.labels(attempt.route, attempt.backend.name).observe(ctx.outcome.upstream_s)
         # The adapter's name for its requests: what a client asked for, where the model's name says less.
         ctx.response_headers.append((b"x-sluice-backend", attempt.backend.public_name.encode()))
+        # The routing table's version is stamped on the answer; without one, the engine's own says it (a Sluice
+        # runtime's header and fingerprint), when it is one a header can hold.
+        version = attempt.backend.version
+        if version is not None and ctx.kind in _FINGERPRINTED:
+            ctx.fingerprint = field(fingerprint(version))
+        elif version is None and _VERSION.match(upstream := resp.headers.get(VERSION_HEADER, "")):
+            version = upstream
+        if version is not None:
+            ctx.outcome.model_version = version
+            ctx.response_headers.append((_VERSION_HEADER, version.encode()))
 
     def _failed(self, attempt: Attempt, kind: str) -> None:
         self._picker.report_failure(attempt.endpoint)

@@ -21,6 +21,7 @@ from .errors import GatewayError, error_type
 from .metrics import GatewayMetrics
 from .request_context import RequestContext
 from .usage_scan import inspect_events, read_usage
+from .version_stamp import stamp_body, stamp_events
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -92,6 +93,8 @@ class ResponseRelay:
                     size += len(chunk)
             data = b"".join(chunks)
             chunks.clear()
+            if ctx.fingerprint is not None and resp.status == 200:
+                data = stamp_body(data, ctx.fingerprint)
             await send({"type": "http.response.start", "status": resp.status, "headers": [
                 *_content_headers(resp), (b"content-length", str(len(data)).encode()), *ctx.response_headers,
                 _overhead_header(ctx),
@@ -112,6 +115,8 @@ class ResponseRelay:
             *_content_headers(resp), *ctx.response_headers, _overhead_header(ctx),
         ]})
         head = b"".join(first)
+        if ctx.fingerprint is not None and resp.status == 200:
+            head = stamp_body(head, ctx.fingerprint)
         await send({"type": "http.response.body", "body": head, "more_body": True})
         head, tail = head[:_USAGE_EDGE], head[-_USAGE_EDGE:]
         try:
@@ -177,7 +182,8 @@ class ResponseRelay:
         if events and outcome.ttft_s is None:
             outcome.ttft_s = time.perf_counter() - ctx.started
             self._metrics.ttft.labels(outcome.route, outcome.backend).observe(outcome.ttft_s)
-        return inspect_events(events, ctx.strip_usage, outcome)
+        events = inspect_events(events, ctx.strip_usage, outcome)
+        return events if ctx.fingerprint is None else stamp_events(events, ctx.fingerprint)
 
     def _too_large(self, ctx: RequestContext) -> GatewayError:
         self._metrics.upstream_errors.labels(ctx.outcome.backend, "response_too_large").inc()

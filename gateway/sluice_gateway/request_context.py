@@ -32,6 +32,7 @@ class Outcome:
     upstream_s: float | None = None  # until the upstream's response headers
     ttft_s: float | None = None
     held_s: float | None = None  # waiting for the model to start (scaled to zero), before any of the above
+    model_version: str | None = None  # the answering backend's, as the routing table names it
     responded: bool = False  # the final body chunk was handed to the server
 
 
@@ -53,6 +54,7 @@ class RequestContext:
     response_started: bool = False
     adapter: Any = None  # an adapted_api.Adapter when the request is in another API's format than chat's
     upstream_path: str = ""  # the path it goes upstream to, when not its own (an adapted request's chat path)
+    fingerprint: bytes | None = None  # the system_fingerprint member its answer gets (version_stamp.py)
     outcome: Outcome = field(default_factory=Outcome)
 
     @property

@@ -29,6 +29,7 @@ def request_record(ctx: RequestContext, watch: AnswerWatch, *, mode: str, source
         "route": outcome.route or None,
         "backend": outcome.backend or None,
         "adapter": outcome.adapter,
+        "model_version": outcome.model_version,
         "endpoint": outcome.endpoint or None,
         "priority_class": principal.rank.priority_class if principal else None,
         "stream": ctx.stream,

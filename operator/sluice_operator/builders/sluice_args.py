@@ -6,6 +6,7 @@ from sluice_contracts import runtime_credential
 from ..crd import RUNTIME_PORT, SLUICE_DTYPE, SLUICE_KV_CACHE_MEMORY, InferenceModelSpec
 from .engine_command import EngineCommand
 from .model_mount import ModelMount
+from .model_version import weights
 
 
 def kv_cache_arg(quantity: str) -> str:
@@ -30,6 +31,8 @@ def sluice_command(name: str, spec: InferenceModelSpec, mount: ModelMount, drain
         "--block-size", str(rt.block_size),
         "--device", "cuda" if spec.resources.gpus else "cpu",
         "--shutdown-timeout", str(drain_seconds),
+        # The weights only: the generation moves with any edit, and in the pods' arguments it would roll them all.
+        "--model-version", weights(spec),
     ]
     if not rt.prefix_caching:
         args.append("--no-prefix-caching")

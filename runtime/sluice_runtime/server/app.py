@@ -51,6 +51,7 @@ from .protocol import (
 )
 from .request_body import off_loop_if_large, read_json, request_cost, validated
 from .reservation import check_reservation, reserved_prompt_tokens
+from .served_version import ServedVersion
 from .serving import GenerationServing
 from .settings import ServerSettings
 from .structured_output import GrammarCompiler
@@ -68,6 +69,7 @@ class Runtime:
         self.tokenizer = engine.tokenizer
         self.served_names = settings.served_model_names or [info.name]
         self.template = ChatTemplate.load(self.tokenizer, settings.chat_template)
+        self.version = ServedVersion.of(settings.model_version, engine.config.model, info.path, self.template.version)
         self.capabilities = ModelCapabilities.for_text_model(info.max_model_len, self.template.source is not None,
                                                              engine.config.pooling, info.hidden_size)
         self.lifecycle = Lifecycle()
@@ -78,8 +80,9 @@ class Runtime:
                                             self.served_names, info.vocab_size, engine.lora_names)
         runner = GenerationRunner(engine, self.lifecycle, self.metrics, settings)
         formatter = LogprobFormatter(self.tokenizer)
-        self.chat = GenerationServing(runner, ChatFormat(formatter))
-        self.completions = GenerationServing(runner, CompletionFormat(formatter, self.tokenizer))
+        self.chat = GenerationServing(runner, ChatFormat(formatter), self.version.fingerprint)
+        self.completions = GenerationServing(runner, CompletionFormat(formatter, self.tokenizer),
+                                             self.version.fingerprint)
         self.pooling = PoolingServing(engine, self.lifecycle, self.metrics)
         self.created = int(time.time())
 
@@ -89,7 +92,7 @@ class Runtime:
         async for _ in self.engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0.0), "warmup"):
             pass
         self.lifecycle.warmed_up = True
-        log.info("warm-up done; chat template version %s", self.template.version)
+        log.info("warm-up done; %s", self.version.describe())
 
     async def generate(self, request: Request, endpoint: str) -> Response:
         """A /v1/chat/completions or /v1/completions request, from its body to its response or stream."""
@@ -156,7 +159,8 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     app.state.runtime = rt
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
-                       lifecycle=rt.lifecycle, metrics=rt.metrics, credential=settings.credential)
+                       lifecycle=rt.lifecycle, metrics=rt.metrics, credential=settings.credential,
+                       model_version=rt.version.version)
     for route in _generation_routes(rt) + _model_routes(rt) + _lora_routes(rt) + _operational_routes(rt):
         _register(app, route)
     return app

@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 
+from sluice_contracts import model_version as served_version
 from sluice_contracts import request_id, trace_context
 from sluice_contracts.runtime_credential import OPEN_PATHS
 
@@ -22,6 +23,7 @@ log = logging.getLogger("sluice.server")
 
 _TRACEPARENT, _TRACESTATE = trace_context.TRACEPARENT.encode(), trace_context.TRACESTATE.encode()
 _TRACE_ID = trace_context.TRACE_ID_HEADER.encode()
+_VERSION = served_version.HEADER.encode()
 
 
 class _BodyTooLarge(Exception):
@@ -29,8 +31,9 @@ class _BodyTooLarge(Exception):
 
 
 class RequestContextMiddleware:
-    def __init__(self, app, *, max_body_bytes: int, lifecycle, metrics, credential=None):
+    def __init__(self, app, *, max_body_bytes: int, lifecycle, metrics, credential=None, model_version: str):
         self.app = app
+        self._version = (_VERSION, model_version.encode())
         self._credential = credential
         self._max_body = max_body_bytes
         self._lifecycle = lifecycle
@@ -47,7 +50,7 @@ class RequestContextMiddleware:
         state["record"] = record
         started = time.monotonic()
         try:
-            await self._serve(scope, receive, _sending_request_id(send, record), headers, record)
+            await self._serve(scope, receive, _sending_request_id(send, record, self._version), headers, record)
         finally:
             if record.path not in OPEN_PATHS:
                 record.total_s = round(time.monotonic() - started, 4)
@@ -105,11 +108,11 @@ class RequestContextMiddleware:
         await err.response()(scope, receive, send)
 
 
-def _sending_request_id(send, record: RequestRecord):
-    """`send` that records the status and adds x-request-id (the client's own when it sent a usable one) and the
-    request's trace id."""
+def _sending_request_id(send, record: RequestRecord, version: tuple[bytes, bytes]):
+    """`send` that records the status and adds x-request-id (the client's own when it sent a usable one), the
+    request's trace id and the served model version."""
     ids = [(b"x-request-id", (record.client_request_id or record.request_id).encode()),
-           (_TRACE_ID, record.trace_id.encode())]
+           (_TRACE_ID, record.trace_id.encode()), version]
 
     async def send_with_id(message):
         if message["type"] == "http.response.start":

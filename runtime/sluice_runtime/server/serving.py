@@ -51,9 +51,10 @@ class BodyShape(Protocol):
 
 
 class GenerationServing:
-    def __init__(self, runner: GenerationRunner, shape: BodyShape):
+    def __init__(self, runner: GenerationRunner, shape: BodyShape, fingerprint: str):
         self._runner = runner
         self._format = shape
+        self._fingerprint = fingerprint  # the served version's (served_version.py)
 
     async def respond(self, greq: GenerationRequest, receive, record: RequestRecord) -> Response:
         outputs = await self._runner.start(greq, receive, record)
@@ -64,6 +65,7 @@ class GenerationServing:
         except ClientDisconnected:
             self._runner.cancelled(record)
             raise
+        body["system_fingerprint"] = self._fingerprint
         return JSONResponse(body)
 
     def _response_id(self, greq: GenerationRequest) -> str:
@@ -99,7 +101,7 @@ class GenerationServing:
     async def _events(self, greq: GenerationRequest, outputs: AsyncIterator[Item], record: RequestRecord):
         n = greq.params.n
         base = {"id": self._response_id(greq), "object": self._format.chunk_object, "created": int(time.time()),
-                "model": greq.model}
+                "model": greq.model, "system_fingerprint": self._fingerprint}
         if greq.include_usage:
             base["usage"] = None
         writer = self._format.chunks(greq)

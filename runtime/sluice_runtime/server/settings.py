@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from sluice_contracts import model_version
 from sluice_contracts.runtime_credential import ROTATION_GRACE_S
 from sluice_runtime.engine_config import parse_memory
 from sluice_runtime.flags import add_flags, flag, from_flags
@@ -19,6 +20,10 @@ class ServerSettings:
     served_model_names: list[str] = flag(default_factory=list, help="model names clients may use (default: the "
                                          "model's name)", option="--served-model-name", nargs="+", metavar="NAME")
     chat_template: str | None = flag(None, "Jinja chat template replacing the model's own", metavar="FILE")
+    model_version: str | None = flag(None, "the version every answer names (x-sluice-model-version, and as "
+                                           "system_fingerprint its digest); the operator passes the InferenceModel's "
+                                           "weights: source@revision (default: the --model argument)",
+                                     metavar="VERSION")
     log_prompts: bool = flag(False, "include prompt text in request logs")
     max_body_bytes: int | str = flag(8 << 20, "largest accepted request body, e.g. 8MiB", parse=str)
     shutdown_timeout: float = flag(30.0, "seconds running requests may take to finish after SIGTERM")
@@ -56,6 +61,8 @@ class ServerSettings:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        if self.model_version is not None:
+            model_version.check(self.model_version)
         if self.api_key_file is not None:
             self.credential = RuntimeCredential(self.api_key_file, self.api_key_grace_s)
 
