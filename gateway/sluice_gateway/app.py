@@ -470,7 +470,7 @@ class GatewayApp:
             rank = ctx.principal.rank
             await self.priority_hold.wait(rank, self.config.priority, lambda: self.picker.saturated(
                 self.table, parsed.model, ctx.principal.may_use, ctx.kind), model=parsed.model, tenant=ctx.tenant,
-                budget_left=ctx.budget_left)
+                budget_left=ctx.budget_left, outcome=ctx.outcome)
             attempts = self.picker.plan(self.table, parsed.model, prefix=prefix, session=sticky,
                                         allowed=ctx.principal.may_use, task=ctx.kind, prefer_idle=rank.urgency < 0,
                                         budget_left=ctx.budget_left)

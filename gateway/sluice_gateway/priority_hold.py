@@ -21,6 +21,7 @@ from .errors import GatewayError
 from .fair_holds import FairHolds
 from .metrics import GatewayMetrics
 from .picker import Picker
+from .request_context import Outcome
 
 
 class PriorityHold:
@@ -30,9 +31,10 @@ class PriorityHold:
         self._held = FairHolds()
 
     async def wait(self, rank: Rank, settings: Priority, saturated: Callable[[], bool], *, model: str,
-                   tenant: str, budget_left: Callable[[], float | None] = lambda: None) -> None:
+                   tenant: str, budget_left: Callable[[], float | None] = lambda: None,
+                   outcome: Outcome | None = None) -> None:
         """Returns once the request may be forwarded; raises the 503 it gets otherwise (at once when its budget,
-        `budget_left` seconds, runs out first)."""
+        `budget_left` seconds, runs out first). A wait is added to the `outcome`'s held time, forwarded or not."""
         if rank.urgency <= 0 or not saturated():
             return
         if settings.hold_s == 0:
@@ -48,6 +50,7 @@ class PriorityHold:
         held = self._metrics.priority_held.labels(rank.priority_class)
         self._held.add(model, tenant)
         held.inc()
+        started = loop.time()
         try:
             while saturated():
                 now = loop.time()
@@ -61,6 +64,8 @@ class PriorityHold:
         finally:
             self._held.remove(model, tenant)
             held.dec()
+            if outcome is not None:
+                outcome.held_s = (outcome.held_s or 0.0) + loop.time() - started
 
     def _shed(self, rank: Rank, settings: Priority, what: str) -> None:
         self._metrics.priority_shed.labels(rank.priority_class).inc()

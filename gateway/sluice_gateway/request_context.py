@@ -31,7 +31,7 @@ class Outcome:
     overhead_s: float = 0.0  # the gateway's own time: until the request went upstream, and on the way back
     upstream_s: float | None = None  # until the upstream's response headers
     ttft_s: float | None = None
-    held_s: float | None = None  # waiting for the model to start (scaled to zero), before any of the above
+    held_s: float | None = None  # in the holds (a model starting, a saturated model), before any of the above
     model_version: str | None = None  # the answering backend's, as the routing table names it
     responded: bool = False  # the final body chunk was handed to the server
 

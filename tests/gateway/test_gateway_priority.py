@@ -164,6 +164,9 @@ def test_at_saturation_batch_is_shed_with_retry_after_while_critical_is_served(g
     assert isinstance(batch, openai.APIStatusError) and batch.status_code == 503
     assert batch.body["code"] == "saturated" and "'batch'" in batch.body["message"]
     assert int(batch.response.headers["retry-after"]) >= 1
+    own_id = batch.response.headers["x-sluice-request-id"]
+    held = gateway.access_lines(own_id)[own_id]["held_ms"]
+    assert held >= 900, f"the hold's wait (hold_s: 1) belongs in held_ms, got {held}"
     # The runtime's full queue made room for the critical request by shedding the least urgent, latest one...
     assert isinstance(shed, openai.APIStatusError) and shed.status_code == 503
     assert int(shed.response.headers["retry-after"]) >= 1 and "more urgent" in shed.body["message"]
