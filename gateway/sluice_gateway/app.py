@@ -33,7 +33,7 @@ from .adapted_api import AdaptedSend, Stopped
 from .admission import Admission
 from .audit.admin_events import event, key_events, table_event
 from .audit.answer_watch import AnswerWatch
-from .audit.request_record import request_record
+from .audit.request_record import own_record, request_record
 from .audit.sink import AuditSink
 from .auth import KeyStore, require_principal
 from .batch.api import ENDPOINTS as BATCH_ENDPOINTS
@@ -91,6 +91,8 @@ _USAGE = "/v1/usage"
 _JSON = (b"content-type", b"application/json")
 _TRACEPARENT, _TRACESTATE = trace_context.TRACEPARENT.encode(), trace_context.TRACESTATE.encode()
 _TRACE_ID = trace_context.TRACE_ID_HEADER.encode()
+# Probes get no audit record: they are no one's request, and a kubelet's would flood the trail.
+_PROBES = frozenset({"/health", "/ready"})
 # Every API endpoint served, for the compatibility table of the README (checked against it by a test).
 API_ROUTES = (*(("POST", path) for path in (*_PROXIED, *_ADAPTED)), ("GET", "/v1/models"),
               ("GET", _MODELS + "{model}"), ("GET", _RESPONSES + "{id}"),
@@ -120,7 +122,7 @@ class GatewayApp:
         self._poller: asyncio.Task | None = None
         # Streamed responses running on this replica, by (tenant, id): what POST /v1/responses/{id}/cancel stops.
         self.running_responses: dict[tuple[str, str], ResponsesAdapter] = {}
-        self.audit = AuditSink("off")
+        self.audit = AuditSink("off", self.metrics.audit_write_failures.inc)
         self._usage_task: asyncio.Task | None = None
         self._rejected: dict[str, str | None] = {}  # the problem of each followed file, as last written to the trail
         self.files = WatchedFiles(config_path, routes_path, self.metrics, self.apply_config, self.apply_table)
@@ -147,7 +149,7 @@ class GatewayApp:
                                        self.limiter.client if isinstance(self.limiter, RedisLimiter) else None)
         self.batch_api = BatchApi(config.batch)
         self.audit.close()
-        self.audit = AuditSink(config.audit.sink)
+        self.audit = AuditSink(config.audit.sink, self.metrics.audit_write_failures.inc)
         self.usage: UsageStore = (RedisUsage(self.limiter.client) if isinstance(self.limiter, RedisLimiter)
                                   else MemoryUsage())
         if self._started:
@@ -298,16 +300,25 @@ class GatewayApp:
             finally:
                 send.cut_off()  # after _proxy settled the request's admission
             return
+        error_code = None
         try:
             status, body, content_type = await self._own(scope, headers, receive)
         except GatewayError as err:
-            status, body, content_type = err.status, err.body(), b"application/json"
+            status, body, content_type, error_code = err.status, err.body(), b"application/json", err.code
         try:
             await send_all(send, status, body, [(b"content-type", content_type),
                                                 (b"x-request-id", client_id or own_id),
                                                 (_TRACE_ID, trace.trace_id.encode())], started)
         except ClientGone:
             send.cut_off()
+            status, body = 499, b""
+        if self.audit.on and path not in _PROBES:
+            authorization = headers.get(b"authorization")
+            client = scope.get("client")
+            self.audit.write(own_record(
+                request_id=own_id, client_id=client_id, trace_id=trace.trace_id, source=client[0] if client else None,
+                principal=self.keys.authenticate(authorization.decode(errors="replace")) if authorization else None,
+                path=path, status=status, error_code=error_code, bytes_sent=len(body), started=started))
 
     async def _own(self, scope: dict[str, Any], headers: dict[bytes, bytes], receive: Any) -> tuple[int, bytes, bytes]:
         """An endpoint the gateway answers itself (plain_endpoints.py; stored responses; files and batches)."""

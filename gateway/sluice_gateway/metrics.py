@@ -116,6 +116,10 @@ class GatewayMetrics:
         self.config_rejections = Counter(
             "sluice_gateway_config_rejections", "Gateway config files rejected as invalid.", registry=r
         )
+        self.audit_write_failures = Counter(
+            "sluice_gateway_audit_write_failures", "Audit records that could not be written (a full disk).",
+            registry=r,
+        )
         self.file_rejected = Gauge(
             "sluice_gateway_file_rejected",
             "1 while the file on disk (config, routes, credential) is rejected; the last good one, if any, serves.",

@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from ..auth import Principal
 from ..request_context import RequestContext
 from .answer_watch import AnswerWatch
 
@@ -49,3 +50,34 @@ def request_record(ctx: RequestContext, watch: AnswerWatch, *, mode: str, source
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
+
+
+def own_record(*, request_id: bytes, client_id: bytes | None, trace_id: str, principal: Principal | None,
+               source: str | None, path: str, status: int, error_code: str | None, bytes_sent: int,
+               started: float) -> dict[str, Any]:
+    """The record of a request the gateway answered itself (models, usage, files, an unknown path, ...), with the
+    fields of a proxied request's record, those that only a proxied one has left null."""
+    now = time.perf_counter()
+    return {
+        "audit": "request",
+        "time": datetime.fromtimestamp(time.time() - (now - started), UTC).isoformat(timespec="milliseconds"),
+        "request_id": request_id.decode(errors="replace"),
+        "client_request_id": client_id.decode() if client_id else None,
+        "trace_id": trace_id,
+        "mode": "online",
+        "tenant": principal.tenant if principal and not principal.admin else None,
+        "key_id": principal.key_id if principal else None,
+        "source": source,
+        "path": path,
+        **dict.fromkeys(("route", "backend", "adapter", "model_version", "endpoint", "priority_class")),
+        "stream": False,
+        **dict.fromkeys(("prompt_tokens", "completion_tokens", "finish_reason")),
+        "status": status,
+        "error_code": error_code,
+        "attempts": 0,
+        "events_sent": None,
+        "bytes_sent": bytes_sent,
+        "held_ms": None,
+        "first_byte_ms": None,
+        "total_ms": _ms(now - started),
+    }

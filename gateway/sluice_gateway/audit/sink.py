@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -15,7 +16,9 @@ log = logging.getLogger("sluice_gateway.audit")
 
 
 class AuditSink:
-    def __init__(self, target: str | Path) -> None:
+    def __init__(self, target: str | Path, failed: Callable[[], None] = lambda: None) -> None:
+        """`failed` is called for each record that could not be written."""
+        self._failed = failed
         self.problem: str | None = None  # why the file cannot be written: the gateway is not ready meanwhile
         self._stream: IO[str] | None = None
         self._owned = False
@@ -44,6 +47,7 @@ class AuditSink:
             self._stream.flush()
         except OSError as exc:  # a full disk: said in the log, the request is served all the same
             log.error("audit record not written: %s", exc.strerror)
+            self._failed()
 
     def close(self) -> None:
         if self._owned and self._stream is not None:
