@@ -15,7 +15,8 @@ ROUTES = table(chat={"backends": [backend("chat")]})  # no endpoint: nothing her
 
 
 def config(sink: str) -> dict:
-    return gateway_config([{"name": "olga", "keys": [key_entry("olga-ci", KEY)]}], audit={"sink": sink})
+    return gateway_config([{"name": "olga", "keys": [key_entry("olga-ci", KEY)]}], audit={"sink": sink},
+                          shutdown={"ready_grace_s": 0})
 
 
 def records(path, count: int, timeout: float = 15) -> list[dict]:

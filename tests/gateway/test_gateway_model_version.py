@@ -35,7 +35,7 @@ def test_a_canarys_backends_each_name_their_version(tiny_runtimes, tiny_model_di
     routes = table(chat={"backends": [versioned("chat-v1", first, STABLE), versioned("chat-v2", second, CANARY)]},
                    plain={"backends": [backend("plain", first)]})
     gateway = start_gateway(gateway_config([{"name": "vic", "keys": [key_entry("vic-ci", KEY)]}],
-                                           audit={"sink": "audit.jsonl"}), routes)
+                                           audit={"sink": "audit.jsonl"}, shutdown={"ready_grace_s": 0}), routes)
     api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0, timeout=60)
     expected = {"chat-v1": STABLE, "chat-v2": CANARY}
 
