@@ -16,7 +16,8 @@ access_log = logging.getLogger("sluice_gateway.access")
 UNKNOWN_ROUTE = "unknown"
 
 
-def record(ctx: RequestContext, metrics: GatewayMetrics, log_it: bool) -> None:
+def record(ctx: RequestContext, metrics: GatewayMetrics, log_it: bool, batch_id: str | None = None) -> None:
+    """`batch_id`: the batch of a batch line, logged with it."""
     outcome, tenant = ctx.outcome, ctx.tenant
     metrics.requests.labels(outcome.route or UNKNOWN_ROUTE, outcome.backend, tenant, str(outcome.status)).inc()
     metrics.overhead.observe(outcome.overhead_s)
@@ -24,15 +25,16 @@ def record(ctx: RequestContext, metrics: GatewayMetrics, log_it: bool) -> None:
         metrics.tokens.labels(tenant, "prompt").inc(outcome.prompt_tokens)
         metrics.tokens.labels(tenant, "completion").inc(outcome.completion_tokens or 0)
     if log_it and access_log.isEnabledFor(logging.INFO):
-        access_log.info(json.dumps(_line(ctx)))
+        access_log.info(json.dumps(_line(ctx, batch_id)))
 
 
-def _line(ctx: RequestContext) -> dict:
+def _line(ctx: RequestContext, batch_id: str | None) -> dict:
     outcome = ctx.outcome
     return {
         "request_id": ctx.request_id.decode(errors="replace"),
         "client_request_id": ctx.client_id.decode() if ctx.client_id else None,
         "trace_id": ctx.trace.trace_id,
+        "batch_id": batch_id,
         "tenant": ctx.tenant,
         "key_id": ctx.principal.key_id if ctx.principal else None,
         "route": outcome.route,

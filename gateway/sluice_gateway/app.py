@@ -147,7 +147,7 @@ class GatewayApp:
         )
         self.responses = ResponseStore(config.responses.store_ttl_s,
                                        self.limiter.client if isinstance(self.limiter, RedisLimiter) else None)
-        self.batch_api = BatchApi(config.batch)
+        self.batch_api = BatchApi(config.batch, lambda: (self.table, self.config.default_max_tokens), self.metrics)
         self.audit.close()
         self.audit = AuditSink(config.audit.sink, self.metrics.audit_write_failures.inc)
         self.usage: UsageStore = (RedisUsage(self.limiter.client) if isinstance(self.limiter, RedisLimiter)
@@ -193,7 +193,9 @@ class GatewayApp:
         self._start_polling()
         self._tasks.append(asyncio.create_task(self.files.run(self._after_file_check)))
         self._start_usage()
-        executor = BatchExecutor(lambda: self.batch_api if self._configured else None, self.run_batch_line)
+        executor = BatchExecutor(lambda: self.batch_api if self._configured else None, self.run_batch_line,
+                                 self.metrics)
+        self.metrics.batch_store = lambda: self.batch_api.store if self._configured else None
         self._tasks.append(asyncio.create_task(executor.run()))
 
     def _start_polling(self) -> None:
@@ -377,13 +379,14 @@ class GatewayApp:
                                       code="tenant_not_found").body()
             return 403, body_bytes, own_id.decode()
         answer = _Captured()
-        await self._proxy(ctx, {}, _never_disconnects, answer, body=json.dumps(body).encode(), mode="batch")
+        await self._proxy(ctx, {}, _never_disconnects, answer, body=json.dumps(body).encode(), batch_id=batch_id)
         return answer.status, b"".join(answer.chunks), own_id.decode()
 
     async def _proxy(self, ctx: RequestContext, headers: dict[bytes, bytes], receive: Any, send: Send,
-                     body: bytes | None = None, *, mode: str = "online", source: str | None = None) -> None:
+                     body: bytes | None = None, *, batch_id: str | None = None, source: str | None = None) -> None:
         """Serve one proxied request; whatever happens, answer it in the API's format, settle and record it.
-        `mode`: online, or a batch line; `source`: the client's address."""
+        `batch_id`: the batch of a batch line (None: online); `source`: the client's address."""
+        mode = "online" if batch_id is None else "batch"
         watch = AnswerWatch()
 
         async def send_tracked(message: dict[str, Any]) -> None:
@@ -425,7 +428,7 @@ class GatewayApp:
                 ctx.adapter.close()
             admitted = ctx.admission.grant is not None
             await ctx.admission.settle(ctx.outcome.prompt_tokens, ctx.outcome.completion_tokens, ctx.outcome.status)
-            record(ctx, self.metrics, self.config.access_log)
+            record(ctx, self.metrics, self.config.access_log, batch_id)
             self._account(ctx, watch, mode, source, admitted)
 
     def _account(self, ctx: RequestContext, watch: AnswerWatch, mode: str, source: str | None,

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from sluice_contracts import request_priority
 
+from .batch.database import POSTGRES_SCHEMES
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -46,6 +48,11 @@ class Limits(_Strict):
         default="refuse",
         description="A request whose reservation exceeds the tokens left this minute: refuse it (429), or lower "
                     "its max_tokens to what is left (said in the x-sluice-max-tokens-lowered response header).",
+    )
+    batch_enqueued_tokens: int | None = Field(
+        default=100_000_000, gt=0,
+        description="Tokens the tenant's batch lines not yet answered may cost at most, all its batches together; "
+                    "a batch that would pass it is refused when it is made (gateway/README.md, \"Batch\").",
     )
 
 
@@ -231,10 +238,11 @@ class Responses(_Strict):
 class Batch(_Strict):
     """OpenAI's Files and Batches API (`/v1/files`, `/v1/batches`); the rules are in gateway/README.md ("Batch")."""
 
-    database: Path = Field(
-        default=Path("sluice-batch.sqlite3"),
-        description="SQLite file holding the files' and batches' metadata and each line's lease; relative to this "
-                    "file. Replicas that share it share the work.",
+    database: str = Field(
+        default="sluice-batch.sqlite3", min_length=1,
+        description="Where the files' and batches' metadata and each line's lease live: a SQLite file (relative to "
+                    "this file), or a PostgreSQL server as a `postgresql://USER:PASSWORD@HOST:PORT/DB` URL. "
+                    "Replicas that share it share the work.",
     )
     files_dir: Path = Field(
         default=Path("sluice-batch-files"), description="Directory holding uploaded and produced files' contents; "
@@ -258,6 +266,11 @@ class Batch(_Strict):
         default=5, ge=1, le=100, strict=True,
         description="Times a line is tried while the runtimes are busy or failing (429, 5xx) before it goes to the "
                     "error file.",
+    )
+    retry_backoff_s: float = Field(
+        default=1.0, ge=0, le=600,
+        description="A line whose attempt failed (429, 5xx, an unreachable runtime) is tried again after about "
+                    "this long, twice as long after each further failure.",
     )
     priority_class: str | None = Field(
         default=None, description="The class of priority.classes batch lines run at; unset: the least urgent one "
@@ -415,8 +428,11 @@ def load_config(path: str | Path) -> GatewayConfig:
         for name in ("routes_file", "upstream_credential_file")
         if (value := getattr(config, name)) is not None and not value.is_absolute()
     }
-    batch = {name: Path(path).parent / value for name in ("database", "files_dir")
-             if not (value := getattr(config.batch, name)).is_absolute()}
+    batch: dict[str, object] = {}
+    if not config.batch.files_dir.is_absolute():
+        batch["files_dir"] = Path(path).parent / config.batch.files_dir
+    if not config.batch.database.startswith(POSTGRES_SCHEMES) and not Path(config.batch.database).is_absolute():
+        batch["database"] = str(Path(path).parent / config.batch.database)
     if batch:
         relative["batch"] = config.batch.model_copy(update=batch)
     if isinstance(config.audit.sink, Path) and not config.audit.sink.is_absolute():

@@ -7,21 +7,32 @@ series stay bounded; endpoint series are removed when the endpoint leaves the ta
 from __future__ import annotations
 
 import io
+import logging
 import socket
 import threading
+import time
+from collections.abc import Callable, Iterator
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sluice_contracts import demand
 from sluice_contracts.http_bounds import MAX_HEADER_BYTES, MAX_HEADER_COUNT, MAX_REQUEST_LINE_BYTES
 
+from .batch.database import STORE_ERRORS
+from .batch.store import BatchStore
 from .client_protocol import HEADERS_TOO_LARGE, LINE_TOO_LONG, TOO_MANY_HEADERS
+
+log = logging.getLogger("sluice_gateway")
 
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _SLOW = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _HOLD = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600)
+# OpenAI's batch states, each reported (0 when none is in it) so that a dashboard's series never vanish.
+_BATCH_STATES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                 "cancelled")
 
 
 class GatewayMetrics:
@@ -75,6 +86,7 @@ class GatewayMetrics:
         )
         self._declare_demand(r)
         self._declare_state(r)
+        self._declare_batch(r)
 
     def _declare_demand(self, r: CollectorRegistry) -> None:
         """Scale to zero: what the operator reads (sluice_contracts.demand) and how long clients waited."""
@@ -130,6 +142,25 @@ class GatewayMetrics:
             "sluice_gateway_limiter_errors", "Rate-limit store failures (Redis unreachable).", registry=r
         )
 
+    def _declare_batch(self, r: CollectorRegistry) -> None:
+        """Batch lines this replica ran, and the batch store as a whole (the same on every replica that shares
+        it: read it with max, not sum)."""
+        self.batch_lines = Counter(
+            "sluice_gateway_batch_lines", "Batch lines ended by this replica, by tenant and outcome: completed (a "
+            "2xx), failed (another answer), cancelled or expired (stopped before they ran).",
+            ["tenant", "outcome"], registry=r,
+        )
+        self.batch_retries = Counter(
+            "sluice_gateway_batch_retries", "Batch line attempts that failed (429, 5xx, unreachable) and were handed "
+            "back to be tried again after a backoff.", ["tenant"], registry=r,
+        )
+        self.batch_line_seconds = Histogram(
+            "sluice_gateway_batch_line_seconds", "Time of a batch line's last attempt, holds included, until its "
+            "answer was recorded.", buckets=_SLOW, registry=r,
+        )
+        self.batch_store: Callable[[], BatchStore | None] = lambda: None
+        r.register(_BatchCensus(lambda: self.batch_store()))
+
     def forget_endpoint(self, url: str) -> None:
         for field in ("waiting", "running", "kv_cache_usage"):
             try:
@@ -140,6 +171,40 @@ class GatewayMetrics:
             self.endpoint_up.remove(url)
         except KeyError:
             pass
+
+
+class _BatchCensus:
+    """Read from the batch store at each scrape: batches by state, the tokens each tenant's lines not yet done may
+    cost (what its batch_enqueued_tokens limit counts), and how long the oldest line not yet answered has waited."""
+
+    def __init__(self, store: Callable[[], BatchStore | None]) -> None:
+        self._store = store
+
+    def describe(self) -> list[Metric]:
+        return []  # read at collection only: registering must not touch the store
+
+    def collect(self) -> Iterator[Metric]:
+        store = self._store()
+        if store is None or not store.exists():
+            return
+        try:
+            census = store.census()
+        except STORE_ERRORS as exc:
+            log.warning("batch metrics: the batch store cannot be read: %s", exc)
+            return
+        batches = GaugeMetricFamily("sluice_gateway_batches", "Batches in the store by state.", labels=["state"])
+        for state in _BATCH_STATES:
+            batches.add_metric([state], census.batches_by_state.get(state, 0))
+        yield batches
+        enqueued = GaugeMetricFamily("sluice_gateway_batch_enqueued_tokens", "Tokens the tenant's batch lines not "
+                                     "yet answered may cost.", labels=["tenant"])
+        for tenant, tokens in sorted(census.enqueued_tokens.items()):
+            enqueued.add_metric([tenant], tokens)
+        yield enqueued
+        oldest = census.oldest_waiting_created_at
+        yield GaugeMetricFamily("sluice_gateway_batch_queue_age_seconds", "Age of the oldest batch with a line "
+                                "not yet answered; 0 when every line is.",
+                                value=max(time.time() - oldest, 0) if oldest is not None else 0)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int, *, read_timeout_s: float) -> None:

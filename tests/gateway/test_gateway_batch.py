@@ -1,10 +1,12 @@
 """OpenAI's Files and Batches API at the gateway, through the official client, in front of a real runtime: chat
-and embeddings batches end to end, each tenant's own files and batches, validation, limits, cancel, and a
-gateway killed mid-batch that finishes every line exactly once after its restart."""
+and embeddings batches end to end, each tenant's own files and batches, validation, the quota of enqueued tokens,
+retries, metrics, cancel and expiry; and the store on SQLite and on a real PostgreSQL: leases, the quota's
+transaction, and gateways killed (SIGKILL) several times during one batch, which still answers every custom_id
+exactly once."""
 import contextlib
 import io
 import json
-import sqlite3
+import threading
 import time
 
 import httpx
@@ -12,6 +14,10 @@ import openai
 import pytest
 
 from fixtures.gateway import backend, gateway_config, key_entry, run_gateway, table
+from fixtures.postgres import start_postgres
+from sluice_contracts.routing_table import RoutingTable
+from sluice_gateway.batch.line_cost import line_tokens
+from sluice_gateway.batch.store import BatchStore, Line, QuotaExceeded
 
 pytestmark = pytest.mark.integration
 
@@ -101,9 +107,13 @@ def test_a_chat_batch_runs_every_line_once_outside_the_online_limits(gateway):
     request_ids = [line["response"]["request_id"] for line in output]
     logged = gateway.access_lines(*request_ids)
     assert len(set(request_ids)) == 6
-    assert {line["client_request_id"] for line in logged.values()} == {batch.id}
+    assert {(line["batch_id"], line["client_request_id"]) for line in logged.values()} == {(batch.id, batch.id)}
     assert {line["tenant"] for line in logged.values()} == {"alice"}
     assert batch.id in [b.id for b in alice.batches.list(limit=100)]
+    assert gateway.metric("sluice_gateway_batch_lines_total", tenant="alice", outcome="completed") >= 6
+    assert gateway.metric("sluice_gateway_batch_lines_total", tenant="alice", outcome="failed") >= 1
+    assert gateway.metric("sluice_gateway_batch_line_seconds_count") >= 7
+    assert gateway.metric("sluice_gateway_batches", state="completed") >= 1
 
 
 def test_an_embeddings_batch(gateway):
@@ -210,32 +220,6 @@ def test_batches_are_listed_newest_first_by_pages(gateway):
     assert rest.data[0].id == made[0]
 
 
-def test_a_gateway_killed_mid_batch_loses_no_line_and_repeats_none(routes, tmp_path):
-    settings = config(tmp_path, concurrency=2)
-    lines = [chat_line(f"k{n}", f"Tell a story about {n}.", max_tokens=12) for n in range(24)]
-    with run_gateway(settings, routes, tmp_path / "first") as first:
-        alice = client(first)
-        batch = alice.batches.create(input_file_id=upload(alice, lines).id, endpoint="/v1/chat/completions",
-                                     completion_window="24h")
-        while alice.batches.retrieve(batch.id).request_counts.completed < 6:
-            pass
-        first.process.kill()
-        first.process.wait()
-        ran_first = _batch_line_ids(first, batch.id)
-    with run_gateway(settings, routes, tmp_path / "second") as second:
-        alice = client(second)
-        done = wait_done(alice, batch.id)
-        ran_second = _batch_line_ids(second, batch.id)
-        output = lines_of(alice, done.output_file_id)
-    assert done.status == "completed" and done.request_counts.completed == 24
-    assert sorted(line["custom_id"] for line in output) == sorted(line["custom_id"] for line in lines)
-    answered_by = {line["response"]["request_id"] for line in output}
-    kept_from_first = answered_by & ran_first
-    assert len(kept_from_first) >= 6
-    # The restarted gateway ran exactly the lines whose answers the first had not recorded.
-    assert ran_second <= answered_by and len(ran_second) == 24 - len(kept_from_first)
-
-
 @pytest.fixture(scope="module")
 def one_line_at_a_time(routes, tmp_path_factory):
     """A gateway that runs one batch line at a time, so that batches are caught part-way through."""
@@ -277,8 +261,7 @@ def test_a_batch_past_its_window_ends_expired_with_what_completed(one_line_at_a_
     bob = client(gateway, BOB)
     batch = _part_run(bob, "x")
     # Its 24 hours pass: the stored deadline is moved, as no test can wait for the clock.
-    with contextlib.closing(sqlite3.connect(workdir / "batch.sqlite3")) as db, db:
-        db.execute("UPDATE batches SET body = json_set(body, '$.expires_at', 0) WHERE id = ?", (batch.id,))
+    BatchStore(str(workdir / "batch.sqlite3")).update("bob", batch.id, expires_at=0)
     done = wait_done(bob, batch.id)
     assert done.status == "expired" and done.expired_at
     _check_partial(bob, done, "x", "batch_expired")
@@ -326,7 +309,12 @@ def test_the_batch_settings_are_checked_and_their_paths_follow_the_config(tmp_pa
         load_config(path)
     path.write_text("batch: {files_dir: /srv/batch}\n")
     settings = load_config(path).batch
-    assert (settings.database, str(settings.files_dir)) == (tmp_path / "sluice-batch.sqlite3", "/srv/batch")
+    assert (settings.database, str(settings.files_dir)) == (str(tmp_path / "sluice-batch.sqlite3"), "/srv/batch")
+    path.write_text("batch: {database: 'postgresql://batch@db:5432/sluice'}\n")
+    assert load_config(path).batch.database == "postgresql://batch@db:5432/sluice"
+    path.write_text("tenants: [{name: t, keys: [{id: k, sha256: '%s'}], limits: {batch_enqueued_tokens: 0}}]\n" % ("0" * 64))
+    with pytest.raises(ConfigError, match="batch_enqueued_tokens"):
+        load_config(path)
 
 
 def test_batch_lines_run_at_the_least_urgent_class_unless_one_is_named(tmp_path):
@@ -340,3 +328,253 @@ def test_batch_lines_run_at_the_least_urgent_class_unless_one_is_named(tmp_path)
     assert load_config(path).batch_priority_class == "bronze"
     path.write_text("priority: {classes: {gold: -5, bronze: 5}, default_class: gold}\nbatch: {priority_class: gold}\n")
     assert load_config(path).batch_priority_class == "gold"
+
+
+# -- the quota of enqueued batch tokens -------------------------------------------------------------------------
+DAVE = "sk-batch-dave"
+_PARKED = {"parked": {"backends": [backend("parked-v1", max_model_len=2048)]},  # no endpoint: its lines wait
+           "unbounded": {"backends": [backend("unbounded-v1")]}}  # no endpoint, no known context
+_QUOTA_LINES = 4
+
+
+def parked_line(custom_id, model="parked", **body):
+    return {**chat_line(custom_id), "body": {**chat_line(custom_id)["body"], "model": model, "max_tokens": 100,
+                                             **body}}
+
+
+def parked_batch(api, prefix, count=_QUOTA_LINES, **body):
+    return api.batches.create(input_file_id=upload(api, [parked_line(f"{prefix}{n}", **body)
+                                                         for n in range(count)]).id,
+                              endpoint="/v1/chat/completions", completion_window="24h")
+
+
+@pytest.fixture(scope="module")
+def quota_gateway(routes, tmp_path_factory):
+    """Dave may have one batch of parked lines enqueued at a time, not two; a line's cost is read with the
+    gateway's own ruler (what online limits count), so the test does not depend on its constants."""
+    workdir = tmp_path_factory.mktemp("batch-quota")
+    parked = table(**routes["routes"], **_PARKED)
+    line = parked_line("x")
+    cost = line_tokens(line["body"], "chat", "/v1/chat/completions", RoutingTable.model_validate(parked),
+                       lambda _: True, 512)
+    quota = cost * _QUOTA_LINES * 3 // 2
+    assert quota < 2048  # a line without max_tokens, reserved to the end of its context, is over it alone
+    settings = {**config(workdir), "cold_start": {"max_wait_s": 0.5}}
+    settings["tenants"].append({"name": "dave", "keys": [key_entry("dave-key", DAVE)], "models": ["*"],
+                                "limits": {"batch_enqueued_tokens": quota, "requests_per_minute": 1}})
+    with run_gateway(settings, parked, workdir) as gw:
+        yield gw, cost
+
+
+def test_a_tenants_unfinished_batches_stay_within_its_quota_of_enqueued_tokens(quota_gateway):
+    gateway, cost = quota_gateway
+    dave = client(gateway, DAVE)
+    # Two batches made at once, each within the quota alone: one is taken, the other refused, whichever was
+    # still being validated when the first was stored.
+    answers: list = []
+
+    def make(prefix):
+        try:
+            answers.append(parked_batch(dave, prefix))
+        except openai.APIStatusError as exc:
+            answers.append(exc)
+
+    threads = [threading.Thread(target=make, args=(prefix,)) for prefix in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    taken = [a for a in answers if not isinstance(a, Exception)]
+    refused = [a for a in answers if isinstance(a, Exception)]
+    assert len(taken) == 1 and len(refused) == 1
+    assert refused[0].status_code == 429 and refused[0].body["code"] == "token_limit_exceeded"
+    first = taken[0]
+    assert gateway.metric("sluice_gateway_batch_enqueued_tokens", tenant="dave") == cost * _QUOTA_LINES
+    # Still refused while the first waits; a line without max_tokens, or with a huge one where no context is
+    # known, is over the quota alone: 400, as retrying cannot help.
+    with pytest.raises(openai.RateLimitError):
+        parked_batch(dave, "c")
+    for body in ({"max_tokens": None}, {"max_tokens": 10 ** 9, "model": "unbounded"}):
+        with pytest.raises(openai.BadRequestError) as alone:
+            parked_batch(dave, "d", count=1, **body)
+        assert alone.value.body["code"] == "token_limit_exceeded"
+    # A huge max_tokens where the context is known costs nothing: its line is refused before it could run.
+    huge = parked_batch(dave, "h", count=1, max_tokens=10 ** 9)
+    assert wait_done(dave, huge.id).request_counts.failed == 1
+    [refusal] = lines_of(dave, wait_done(dave, huge.id).error_file_id)
+    assert refusal["response"]["body"]["error"]["code"] == "context_length_exceeded"
+    # The batch lines do not touch dave's one request a minute.
+    dave.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    # Cancelled, the first batch hands its tokens back (its running lines end when they come back from their
+    # hold), and a new batch is taken.
+    dave.batches.cancel(first.id)
+    assert wait_done(dave, first.id).status == "cancelled"
+    assert gateway.metric("sluice_gateway_batch_enqueued_tokens", tenant="dave") == 0
+    again = parked_batch(dave, "e")
+    assert gateway.metric("sluice_gateway_batches", state="cancelled") >= 1
+    assert gateway.metric("sluice_gateway_batches", state="in_progress") == 1
+    assert gateway.metric("sluice_gateway_batch_lines_total", tenant="dave", outcome="cancelled") >= 1
+    time.sleep(1)
+    assert gateway.metric("sluice_gateway_batch_queue_age_seconds") >= 1
+    dave.batches.cancel(again.id)
+    wait_done(dave, again.id)
+
+
+# -- retries ----------------------------------------------------------------------------------------------------
+def test_a_line_whose_attempts_keep_failing_is_tried_a_bounded_number_of_times(routes, tmp_path):
+    # Every answer is larger than the gateway passes on: each attempt ends in a 502.
+    settings = {**config(tmp_path, max_attempts=3, retry_backoff_s=0.3), "max_response_bytes": 64}
+    with run_gateway(settings, routes, tmp_path) as gateway:
+        bob = client(gateway, BOB)
+        started = time.monotonic()
+        batch = bob.batches.create(input_file_id=upload(bob, [chat_line("r0"), chat_line("r1")]).id,
+                                   endpoint="/v1/chat/completions", completion_window="24h")
+        done = wait_done(bob, batch.id)
+        assert done.status == "completed" and done.request_counts.failed == 2
+        errors = lines_of(bob, done.error_file_id)
+        assert sorted(line["custom_id"] for line in errors) == ["r0", "r1"]
+        assert {line["response"]["status_code"] for line in errors} == {502}
+        # Three attempts each, the later ones after a backoff of at least half of 0.3 s, then of 0.6 s.
+        assert len(_batch_line_ids(gateway, batch.id)) == 6
+        assert time.monotonic() - started >= 0.45
+        assert gateway.metric("sluice_gateway_batch_retries_total", tenant="bob") == 4
+
+
+def test_lines_whose_runtime_is_killed_mid_batch_are_retried_and_each_answered_once(gateway, routes, spare_runtime,
+                                                                                  tiny_runtimes):
+    spare = json.loads(json.dumps(routes))
+    spare["generation"] += 1
+    spare["routes"]["spare"] = {"backends": [backend("spare-v1", spare_runtime.url)]}
+    gateway.write_routes(spare)
+    bob = client(gateway, BOB)
+    lines = [{**chat_line(f"s{n}"), "body": {**chat_line("", f"Tell a story about {n}.")["body"], "model": "spare",
+                                             "max_tokens": 24}} for n in range(12)]
+    deadline = time.monotonic() + 30
+    while True:  # until the gateway has the new table
+        with contextlib.suppress(openai.NotFoundError):
+            bob.models.retrieve("spare")
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    batch = bob.batches.create(input_file_id=upload(bob, lines).id, endpoint="/v1/chat/completions",
+                               completion_window="24h")
+    while bob.batches.retrieve(batch.id).request_counts.completed < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    spare_runtime.process.kill()
+    deadline = time.monotonic() + 30
+    while gateway.metric("sluice_gateway_batch_retries_total", tenant="bob") < 1:
+        assert time.monotonic() < deadline, "no line was handed back after the kill"
+        time.sleep(0.05)
+    spare["generation"] += 1
+    spare["routes"]["spare"]["backends"][0]["endpoints"] = [tiny_runtimes[0].url]
+    gateway.write_routes(spare)
+    done = wait_done(bob, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == 12
+    output = lines_of(bob, done.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == sorted(line["custom_id"] for line in lines)
+    answered = [line["request_id"] for line in gateway.log_lines()
+                if line.get("client_request_id") == batch.id and line.get("status") == 200]
+    assert sorted(answered) == sorted(line["response"]["request_id"] for line in output)
+
+
+# -- the store on SQLite and on PostgreSQL ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def postgres():
+    with start_postgres() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request, tmp_path):
+    """A store location nothing else uses, on each backend."""
+    if request.param == "sqlite":
+        return str(tmp_path / "batch.sqlite3")
+    return request.getfixturevalue("postgres").new_database()
+
+
+def _batch(batch_id, created_at=1):
+    return {"id": batch_id, "object": "batch", "endpoint": "/v1/chat/completions", "status": "in_progress",
+            "created_at": created_at, "expires_at": created_at + 24 * 3600, "cancelling_at": None, "expired_at": None}
+
+
+def _lines(count, tokens=10):
+    return [Line(f"c{n}", {"model": "tiny", "messages": [{"role": "user", "content": str(n)}]}, tokens)
+            for n in range(count)]
+
+
+def test_a_lease_not_renewed_passes_to_another_replica_and_the_late_answer_is_dropped(database):
+    store = BatchStore(database)
+    store.add_batch(_batch("batch_a"), "alice", "alice-key", _lines(3), None)
+    first = store.claim("replica-1", 2, lease_s=0.3)
+    assert [line.custom_id for line in first] == ["c0", "c1"]
+    assert [line.custom_id for line in store.claim("replica-2", 5, lease_s=0.3)] == ["c2"]
+    time.sleep(0.4)  # replica-1 stopped renewing
+    store.renew("replica-2", 30)
+    taken = store.claim("replica-2", 5, lease_s=30)
+    assert [line.custom_id for line in taken] == ["c0", "c1"]
+    assert not store.finish(first[0], "replica-1", True, {"late": True})
+    assert store.finish(taken[0], "replica-2", True, {"custom_id": "c0"})
+    assert not store.finish(taken[0], "replica-2", True, {"custom_id": "c0", "again": True})
+    store.retry(taken[1], "replica-2", True, delay_s=30)  # back off: not claimable for 30 s
+    assert store.claim("replica-3", 5, lease_s=30) == []
+    assert store.batch("alice", "batch_a")["request_counts"] == {"total": 3, "completed": 1, "failed": 0}
+    assert store.batch("bob", "batch_a") is None
+    assert store.census().enqueued_tokens == {"alice": 20}
+
+
+def test_batches_stored_at_once_cannot_pass_the_quota_together(database):
+    stores = [BatchStore(database) for _ in range(4)]  # as four replicas would
+    stores[0].add_batch(_batch("batch_seed"), "alice", "k", [], 100)  # the schema exists before the race
+    outcomes: list[str] = []
+    start = threading.Barrier(len(stores))
+
+    def store_one(n):
+        start.wait()
+        try:
+            stores[n].add_batch(_batch(f"batch_{n}"), "alice", "k", _lines(6), 100)
+            outcomes.append("stored")
+        except QuotaExceeded as over:
+            outcomes.append(f"refused with {over.enqueued} enqueued")
+
+    threads = [threading.Thread(target=store_one, args=(n,)) for n in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["refused with 60 enqueued"] * 3 + ["stored"]
+    # Another tenant's batch is not counted against this one's quota.
+    stores[0].add_batch(_batch("batch_bob"), "bob", "k", _lines(6), 100)
+
+
+def test_gateways_killed_during_a_batch_lose_no_line_and_answer_none_twice(database, routes, tmp_path):
+    settings = config(tmp_path, concurrency=2)
+    settings["batch"]["database"] = database
+    lines = [chat_line(f"k{n}", f"Tell a story about {n}.", max_tokens=12) for n in range(24)]
+    ran_by_killed: list[set[str]] = []
+    for kill in range(3):
+        with run_gateway(settings, routes, tmp_path / f"killed-{kill}") as gateway:
+            alice = client(gateway, ALICE)
+            if kill == 0:
+                batch = alice.batches.create(input_file_id=upload(alice, lines).id,
+                                             endpoint="/v1/chat/completions", completion_window="24h")
+            target = alice.batches.retrieve(batch.id).request_counts.completed + 4
+            while alice.batches.retrieve(batch.id).request_counts.completed < target:
+                time.sleep(0.01)
+            gateway.process.kill()
+            gateway.process.wait()
+            ran_by_killed.append(_batch_line_ids(gateway, batch.id))
+    with run_gateway(settings, routes, tmp_path / "last") as gateway:
+        alice = client(gateway, ALICE)
+        done = wait_done(alice, batch.id)
+        ran_by_last = _batch_line_ids(gateway, batch.id)
+        output = lines_of(alice, done.output_file_id)
+    assert done.status == "completed" and done.request_counts.completed == 24
+    assert sorted(line["custom_id"] for line in output) == sorted(line["custom_id"] for line in lines)
+    answered_by = {line["response"]["request_id"] for line in output}
+    # Each killed gateway ran the lines it recorded, and at most the two it was running when killed (answered
+    # upstream, not yet recorded); the last one ran only lines it recorded.
+    for ran in ran_by_killed:
+        assert len(ran & answered_by) >= 4 and len(ran - answered_by) <= 2
+    assert ran_by_last <= answered_by
+    assert sum(len(ran & answered_by) for ran in [*ran_by_killed, ran_by_last]) == 24

@@ -6,41 +6,51 @@ import asyncio
 import json
 import logging
 import re
-import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
+
+from sluice_contracts.model_tasks import Task
+from sluice_contracts.routing_table import RoutingTable
 
 from ..auth import Principal
 from ..config import Batch
 from ..errors import GatewayError
+from ..metrics import GatewayMetrics
+from .database import STORE_ERRORS
 from .file_contents import FileContents
 from .input_lines import read_lines
+from .line_cost import line_tokens
 from .multipart import form_fields
-from .store import BatchStore
+from .store import BatchStore, Line, QuotaExceeded
 
 log = logging.getLogger("sluice_gateway.batch")
 
 Answer = tuple[int, bytes, bytes]
+# What a line's cost is read against: the routing table in force and gateway.yaml's default_max_tokens.
+CostBasis = Callable[[], tuple[RoutingTable, int]]
 _JSON = b"application/json"
 # The endpoints a batch may target, and the task each is routed as.
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
+ENDPOINTS: dict[str, Task] = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
 _WINDOW_S = {"24h": 24 * 3600}
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _MAX_METADATA = 16
 
 
 class BatchApi:
-    def __init__(self, settings: Batch) -> None:
+    def __init__(self, settings: Batch, cost_basis: CostBasis, metrics: GatewayMetrics) -> None:
         self.settings = settings
+        self._metrics = metrics
         self.store = BatchStore(settings.database)
         self.contents = FileContents(settings.files_dir)
+        self._cost_basis = cost_basis
 
     async def serve(self, method: str, path: str, query: dict[str, str], principal: Principal, content_type: bytes,
                     body: bytes) -> Answer:
         try:
             return await self._serve(method, path, query, principal, content_type, body)
-        except (OSError, sqlite3.Error) as exc:
+        except STORE_ERRORS as exc:
             # The database or the files' directory (a volume) cannot be used: the operator's to fix, so logged.
             log.error("batch store %s / %s: %s", self.settings.database, self.settings.files_dir, exc)
             raise GatewayError(503, "the batch store is unavailable; try again later",
@@ -79,9 +89,10 @@ class BatchApi:
         if route[:3] == ("batches", "GET", 1):
             return _json(await self._batch(tenant, rest[0]))
         if route == ("batches", "POST", 2, "cancel"):
-            batch = await asyncio.to_thread(self.store.cancel, tenant, rest[0], int(time.time()))
+            batch, ended = await asyncio.to_thread(self.store.cancel, tenant, rest[0], int(time.time()))
             if batch is None:
                 raise _not_found("batches", rest[0])
+            self._metrics.batch_lines.labels(tenant, "cancelled").inc(ended)
             return _json(batch)
         if method not in ("GET", "POST", "DELETE"):
             raise GatewayError(405, f"{method} is not allowed on {path}")
@@ -161,12 +172,37 @@ class BatchApi:
                  "expires_at": now + _WINDOW_S[window], "finalizing_at": None, "completed_at": None,
                  "failed_at": None, "expired_at": None, "cancelling_at": None, "cancelled_at": None,
                  "metadata": metadata}
+        costed: list[Line] = []
         if problems:
             batch.update(status="failed", in_progress_at=None, failed_at=now,
                          errors={"object": "list", "data": problems})
-            lines = []
-        await asyncio.to_thread(self.store.add_batch, batch, principal.tenant, principal.key_id, lines)
+        else:
+            costed = await asyncio.to_thread(self._costed, principal, endpoint, lines)
+        quota = principal.limits.batch_enqueued_tokens
+        try:
+            await asyncio.to_thread(self.store.add_batch, batch, principal.tenant, principal.key_id, costed, quota)
+        except QuotaExceeded as over:
+            raise _over_quota(principal.tenant, quota, over) from None
         return await self._batch(principal.tenant, batch["id"])
+
+    def _costed(self, principal: Principal, endpoint: str, lines: list[tuple[str, dict[str, Any]]]) -> list[Line]:
+        table, default_max_tokens = self._cost_basis()
+        kind = ENDPOINTS[endpoint]
+        return [Line(custom_id, body, line_tokens(body, kind, endpoint, table, principal.may_use, default_max_tokens))
+                for custom_id, body in lines]
+
+
+def _over_quota(tenant: str, quota: int | None, over: QuotaExceeded) -> GatewayError:
+    """400 for a batch that can never fit (retrying is pointless), 429 for one that fits once the tenant's other
+    batches have run."""
+    if over.batch_tokens > (quota or 0):
+        return GatewayError(400, f"The lines of this batch may cost up to {over.batch_tokens} tokens, more than the "
+                                 f"limit of {quota} enqueued tokens of tenant {tenant!r}. Split it into smaller "
+                                 "batches or lower its lines' max_tokens.", code="token_limit_exceeded")
+    return GatewayError(429, f"Enqueued token limit reached for tenant {tenant!r}: limit {quota} enqueued tokens, "
+                             f"{over.enqueued} held by its unfinished batches and {over.batch_tokens} asked for by "
+                             "this one. Try again once some of its batches have finished.",
+                        code="token_limit_exceeded")
 
 
 def _metadata(value: Any) -> dict[str, str] | None:

@@ -2,6 +2,9 @@
 own request path at the batch priority class, and records its answer; a replica that dies leaves its leases to
 run out, and another replica (or itself, restarted) runs those lines. A line whose answer was recorded is never
 run again; a line that was running when its replica died is run once more, since its answer was never kept.
+A line whose attempt failed for a reason that may pass (429, 5xx, a runtime that cannot be reached) is handed
+back to be claimed after a backoff (`batch.retry_backoff_s`, doubled after each failure, with jitter so that lines
+that failed together do not return together), until `batch.max_attempts`; its last answer is then its error line.
 
 When a batch's last line is done, its output and error files are written (one line per input line, by
 custom_id, in input order) and it ends completed, expired or cancelled.
@@ -11,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sqlite3
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..metrics import GatewayMetrics
 from .api import BatchApi
+from .database import STORE_ERRORS
 from .store import Claimed, line_id
 
 log = logging.getLogger("sluice_gateway.batch")
@@ -29,12 +34,14 @@ _RETRIED = frozenset({429, 500, 502, 503, 504})
 # Refusals that say "not now" (every replica saturated with more urgent work, or the model still starting): the
 # line waits for capacity as long as its batch's window lasts, without using up its attempts.
 _WAIT_CODES = frozenset({"saturated", "model_starting"})
+_MAX_BACKOFF_S = 600.0
 
 
 class BatchExecutor:
-    def __init__(self, api_of: Callable[[], BatchApi | None], run_line: RunLine) -> None:
+    def __init__(self, api_of: Callable[[], BatchApi | None], run_line: RunLine, metrics: GatewayMetrics) -> None:
         self._api_of = api_of  # None until the gateway has read its config
         self._run_line = run_line
+        self._metrics = metrics
         self._owner = uuid.uuid4().hex
         self._running: set[asyncio.Task] = set()
         self._renewed = time.monotonic()
@@ -45,7 +52,7 @@ class BatchExecutor:
                 api = self._api_of()
                 try:
                     claimed = await self._step(api) if api is not None and api.store.exists() else False
-                except (OSError, sqlite3.Error) as exc:
+                except STORE_ERRORS as exc:
                     log.error("batch store unavailable: %s", exc)
                     claimed = False
                 if self._running:
@@ -62,7 +69,8 @@ class BatchExecutor:
         if time.monotonic() - self._renewed > settings.lease_s / 3:
             await asyncio.to_thread(store.renew, self._owner, settings.lease_s)
             self._renewed = time.monotonic()
-        await asyncio.to_thread(store.expire, int(time.time()))
+        for tenant, ended in await asyncio.to_thread(store.expire, int(time.time())):
+            self._metrics.batch_lines.labels(tenant, "expired").inc(ended)
         free = settings.concurrency - len(self._running)
         claimed = await asyncio.to_thread(store.claim, self._owner, free, settings.lease_s) if free > 0 else []
         for line in claimed:
@@ -74,6 +82,7 @@ class BatchExecutor:
         return bool(claimed)
 
     async def _run(self, api: BatchApi, line: Claimed) -> None:
+        started = time.monotonic()
         try:
             status, body, request_id = await self._run_line(line.tenant, line.key_id, line.endpoint, line.request,
                                                             line.batch_id)
@@ -87,14 +96,24 @@ class BatchExecutor:
         error = answer.get("error") if isinstance(answer, dict) else None
         code = error.get("code") if isinstance(error, dict) else None
         if status == 503 and code in _WAIT_CODES:
-            await asyncio.to_thread(api.store.retry, line, self._owner, False)
+            await self._retry(api, line, False, 0.0)
             return
         if status in _RETRIED and line.attempts + 1 < api.settings.max_attempts:
-            await asyncio.to_thread(api.store.retry, line, self._owner, True)
+            delay = min(api.settings.retry_backoff_s * 2 ** line.attempts, _MAX_BACKOFF_S) * random.uniform(0.5, 1)
+            await self._retry(api, line, True, delay)
+            self._metrics.batch_retries.labels(line.tenant).inc()
             return
+        ok = 200 <= status < 300
         result = {"id": line_id(line.batch_id, line.line_no), "custom_id": line.custom_id,
                   "response": {"status_code": status, "request_id": request_id, "body": answer}, "error": None}
-        await asyncio.to_thread(api.store.finish, line, self._owner, 200 <= status < 300, result)
+        if await asyncio.to_thread(api.store.finish, line, self._owner, ok, result):
+            self._metrics.batch_lines.labels(line.tenant, "completed" if ok else "failed").inc()
+            self._metrics.batch_line_seconds.observe(time.monotonic() - started)
+
+    async def _retry(self, api: BatchApi, line: Claimed, counted: bool, delay_s: float) -> None:
+        ended = await asyncio.to_thread(api.store.retry, line, self._owner, counted, delay_s)
+        if ended is not None:
+            self._metrics.batch_lines.labels(line.tenant, ended).inc()
 
     async def _finalize(self, api: BatchApi, batch_id: str) -> None:
         """Write the output and error files, then end the batch; run again from the start, it writes the same."""

@@ -1,33 +1,42 @@
-"""The batch API's metadata in SQLite: files, batches and each batch line with its state and lease.
+"""The batch API's metadata: files, batches and each batch line with its state, lease and cost, in SQLite or
+PostgreSQL (database.py) with one SQL for both.
 
-Every method opens its own connection, so callers run them in worker threads (asyncio.to_thread) and several
-gateway replicas sharing the file take turns on its lock. A line is `pending`, `running` (leased to one replica
-until `lease_until`) or `done` (with its output or error line); a done line is never written again, which is
-what makes every custom_id appear exactly once in a batch's output or error file.
+Every method is one transaction, which holds the store's write lock, so callers run them in worker threads
+(asyncio.to_thread) and several gateway replicas sharing the database take turns. A line is `pending` (claimable
+from `not_before`), `running` (leased to one replica until `lease_until`) or `done` (with its output or error
+line); a done line is never written again, which is what makes every custom_id appear exactly once in a batch's
+output or error file. A line's `tokens` is what it may cost (line_cost.py): the lines not yet done are what
+count against their tenant's quota of enqueued batch tokens.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from .database import Transaction, open_database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL,
-    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);
+    bytes BIGINT NOT NULL, created_at BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (
-    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, key_id TEXT NOT NULL, body TEXT NOT NULL, created_seq INTEGER NOT NULL);
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, key_id TEXT NOT NULL, status TEXT NOT NULL,
+    created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, body TEXT NOT NULL, created_seq BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS lines (
     batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, custom_id TEXT NOT NULL, request TEXT NOT NULL,
-    state TEXT NOT NULL, owner TEXT, lease_until REAL, attempts INTEGER NOT NULL DEFAULT 0, ok INTEGER,
-    result TEXT, PRIMARY KEY (batch_id, line_no));
+    tokens BIGINT NOT NULL, state TEXT NOT NULL, owner TEXT, lease_until DOUBLE PRECISION,
+    not_before DOUBLE PRECISION NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, ok INTEGER, result TEXT,
+    PRIMARY KEY (batch_id, line_no));
 CREATE INDEX IF NOT EXISTS lines_by_state ON lines (state, lease_until);
+CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
 """
+# The states of a batch whose lines may still run or be written to its files.
+_UNFINISHED = ("in_progress", "cancelling", "finalizing")
+# Sums cast back to BIGINT: PostgreSQL's SUM of one is a NUMERIC.
+_PENDING_TOKENS = ("SELECT CAST(COALESCE(SUM(l.tokens), 0) AS BIGINT) FROM lines l JOIN batches b ON b.id = l.batch_id "
+                   "WHERE b.tenant = ? AND l.state != 'done'")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,73 +53,83 @@ class Claimed:
     endpoint: str
 
 
+@dataclass(frozen=True, slots=True)
+class Line:
+    """A validated input line, with what it may cost."""
+
+    custom_id: str
+    request: dict[str, Any]
+    tokens: int
+
+
+class QuotaExceeded(Exception):
+    """The batch's lines would take its tenant past its quota of enqueued batch tokens."""
+
+    def __init__(self, enqueued: int, batch_tokens: int) -> None:
+        super().__init__(enqueued, batch_tokens)
+        self.enqueued = enqueued  # the tenant's lines not yet done, in other batches
+        self.batch_tokens = batch_tokens
+
+
 class BatchStore:
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, location: str) -> None:
+        self._db = open_database(location, _SCHEMA)
 
     def exists(self) -> bool:
-        return self._path.exists()
-
-    @contextlib.contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.executescript(_SCHEMA)
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-        finally:
-            db.close()
+        return self._db.exists()
 
     # -- files ---------------------------------------------------------------------------------------------
     def add_file(self, record: dict[str, Any], tenant: str) -> None:
-        with self._db() as db:
-            db.execute("INSERT OR IGNORE INTO files VALUES (?, ?, ?, ?, ?, ?)",
+        with self._db.transaction() as db:
+            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                        (record["id"], tenant, record["filename"], record["purpose"], record["bytes"],
                         record["created_at"]))
 
     def file(self, tenant: str, file_id: str) -> dict[str, Any] | None:
-        with self._db() as db:
+        with self._db.transaction() as db:
             row = db.execute("SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ? AND tenant = ?",
                              (file_id, tenant)).fetchone()
         return _file(row) if row else None
 
     def files(self, tenant: str) -> list[dict[str, Any]]:
-        with self._db() as db:
+        with self._db.transaction() as db:
             rows = db.execute("SELECT id, filename, purpose, bytes, created_at FROM files WHERE tenant = ? "
                               "ORDER BY created_at DESC, id", (tenant,)).fetchall()
         return [_file(row) for row in rows]
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
-        with self._db() as db:
+        with self._db.transaction() as db:
             return db.execute("DELETE FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)).rowcount > 0
 
     # -- batches -------------------------------------------------------------------------------------------
-    def add_batch(self, batch: dict[str, Any], tenant: str, key_id: str,
-                  lines: list[tuple[str, dict[str, Any]]]) -> None:
-        """The batch and its lines, together: a batch is never seen without all of its lines."""
-        with self._db() as db:
+    def add_batch(self, batch: dict[str, Any], tenant: str, key_id: str, lines: list[Line],
+                  quota: int | None) -> None:
+        """The batch and its lines, together: a batch is never seen without all of its lines. QuotaExceeded
+        when its lines and the tenant's lines not yet done pass `quota` (None: no quota); checked in the same
+        transaction, so batches made at once cannot pass it together."""
+        with self._db.transaction() as db:
+            batch_tokens = sum(line.tokens for line in lines)
+            if quota is not None and lines:
+                enqueued = db.execute(_PENDING_TOKENS, (tenant,)).fetchone()[0]
+                if enqueued + batch_tokens > quota:
+                    raise QuotaExceeded(enqueued, batch_tokens)
             seq = db.execute("SELECT COALESCE(MAX(created_seq), 0) + 1 FROM batches").fetchone()[0]
-            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)", (batch["id"], tenant, key_id, json.dumps(batch), seq))
-            db.executemany("INSERT INTO lines (batch_id, line_no, custom_id, request, state) VALUES (?, ?, ?, ?, ?)",
-                           [(batch["id"], n, custom_id, json.dumps(request), "pending")
-                            for n, (custom_id, request) in enumerate(lines)])
+            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (batch["id"], tenant, key_id, batch["status"], batch["created_at"], batch["expires_at"],
+                        json.dumps(batch), seq))
+            db.executemany("INSERT INTO lines (batch_id, line_no, custom_id, request, tokens, state) "
+                           "VALUES (?, ?, ?, ?, ?, 'pending')",
+                           [(batch["id"], n, line.custom_id, json.dumps(line.request), line.tokens)
+                            for n, line in enumerate(lines)])
 
     def batch(self, tenant: str, batch_id: str) -> dict[str, Any] | None:
-        with self._db() as db:
+        with self._db.transaction() as db:
             row = db.execute("SELECT body FROM batches WHERE id = ? AND tenant = ?", (batch_id, tenant)).fetchone()
             return _with_counts(db, json.loads(row[0])) if row else None
 
     def batches(self, tenant: str, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
         """The tenant's batches, newest first, from the one after `after`; and whether more follow."""
-        with self._db() as db:
+        with self._db.transaction() as db:
             start = None
             if after is not None:
                 row = db.execute("SELECT created_seq FROM batches WHERE id = ? AND tenant = ?",
@@ -122,96 +141,142 @@ class BatchStore:
         return found, len(rows) > limit
 
     def owner_of(self, batch_id: str) -> tuple[str, str]:
-        with self._db() as db:
+        with self._db.transaction() as db:
             tenant, key_id = db.execute("SELECT tenant, key_id FROM batches WHERE id = ?", (batch_id,)).fetchone()
         return tenant, key_id
 
     def update(self, tenant: str, batch_id: str, **fields: Any) -> dict[str, Any] | None:
-        with self._db() as db:
+        with self._db.transaction() as db:
             row = db.execute("SELECT body FROM batches WHERE id = ? AND tenant = ?", (batch_id, tenant)).fetchone()
             if row is None:
                 return None
             batch = {**json.loads(row[0]), **fields}
-            db.execute("UPDATE batches SET body = ? WHERE id = ?", (json.dumps(batch), batch_id))
+            _put(db, batch)
             return _with_counts(db, batch)
 
-    def cancel(self, tenant: str, batch_id: str, now: int) -> dict[str, Any] | None:
-        """Stop the batch's lines not yet claimed at once (each an error line); the running ones finish."""
-        with self._db() as db:
+    def cancel(self, tenant: str, batch_id: str, now: int) -> tuple[dict[str, Any] | None, int]:
+        """Stop the batch's lines not yet claimed at once (each an error line); the running ones finish. The
+        batch, and how many lines were stopped."""
+        with self._db.transaction() as db:
             row = db.execute("SELECT body FROM batches WHERE id = ? AND tenant = ?", (batch_id, tenant)).fetchone()
             if row is None:
-                return None
-            batch = json.loads(row[0])
+                return None, 0
+            batch, ended = json.loads(row[0]), 0
             if batch["status"] in ("validating", "in_progress"):
                 batch.update(status="cancelling", cancelling_at=now)
-                db.execute("UPDATE batches SET body = ? WHERE id = ?", (json.dumps(batch), batch_id))
-                _end_pending(db, batch_id, "batch_cancelled", "The batch was cancelled before this line ran.")
-            return _with_counts(db, batch)
+                _put(db, batch)
+                ended = _end_pending(db, batch_id, "batch_cancelled", "The batch was cancelled before this line ran.")
+            return _with_counts(db, batch), ended
 
     # -- the executor --------------------------------------------------------------------------------------
-    def expire(self, now: int) -> None:
-        """Batches past their window take no new line: what is left is an error line each."""
-        with self._db() as db:
-            for batch_id, body in db.execute(
-                    "SELECT id, body FROM batches WHERE json_extract(body, '$.status') = 'in_progress' AND "
-                    "json_extract(body, '$.expires_at') <= ?", (now,)).fetchall():
+    def expire(self, now: int) -> list[tuple[str, int]]:
+        """Batches past their window take no new line: what is left is an error line each. Each expired batch's
+        tenant, and how many of its lines were stopped."""
+        ended = []
+        with self._db.transaction() as db:
+            for tenant, body in db.execute("SELECT tenant, body FROM batches WHERE status = 'in_progress' AND "
+                                           "expires_at <= ?", (now,)).fetchall():
                 batch = {**json.loads(body), "status": "finalizing", "expired_at": now, "finalizing_at": now}
-                db.execute("UPDATE batches SET body = ? WHERE id = ?", (json.dumps(batch), batch_id))
-                _end_pending(db, batch_id, "batch_expired", "The batch expired before this line ran.")
+                _put(db, batch)
+                ended.append((tenant, _end_pending(db, batch["id"], "batch_expired",
+                                                   "The batch expired before this line ran.")))
+        return ended
 
     def claim(self, owner: str, count: int, lease_s: float) -> list[Claimed]:
-        """Lease up to `count` lines: pending ones, or running ones whose replica stopped renewing its lease.
-        Batches take turns, line by line, so that a long batch does not hold back the ones made after it."""
+        """Lease up to `count` lines: pending ones whose retry time has come, or running ones whose replica
+        stopped renewing its lease. Batches take turns, line by line, so that a long batch does not hold back the
+        ones made after it."""
         now = time.time()
-        with self._db() as db:
+        with self._db.transaction() as db:
             rows = db.execute(
-                "SELECT l.batch_id, l.line_no, l.custom_id, l.request, l.attempts, b.tenant, b.key_id, "
-                "json_extract(b.body, '$.endpoint') FROM lines l JOIN batches b ON b.id = l.batch_id "
-                "WHERE l.state = 'pending' OR (l.state = 'running' AND l.lease_until < ?) "
-                "ORDER BY l.line_no, b.created_seq LIMIT ?", (now, count)).fetchall()
+                "SELECT l.batch_id, l.line_no, l.custom_id, l.request, l.attempts, b.tenant, b.key_id, b.body "
+                "FROM lines l JOIN batches b ON b.id = l.batch_id "
+                "WHERE (l.state = 'pending' AND l.not_before <= ?) OR (l.state = 'running' AND l.lease_until < ?) "
+                "ORDER BY l.line_no, b.created_seq LIMIT ?", (now, now, count)).fetchall()
             db.executemany("UPDATE lines SET state = 'running', owner = ?, lease_until = ? WHERE batch_id = ? AND "
                            "line_no = ?", [(owner, now + lease_s, row[0], row[1]) for row in rows])
-        return [Claimed(row[0], row[1], row[2], json.loads(row[3]), *row[4:]) for row in rows]
+        return [Claimed(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6],
+                        json.loads(row[7])["endpoint"]) for row in rows]
 
     def renew(self, owner: str, lease_s: float) -> None:
-        with self._db() as db:
+        with self._db.transaction() as db:
             db.execute("UPDATE lines SET lease_until = ? WHERE owner = ? AND state = 'running'",
                        (time.time() + lease_s, owner))
 
-    def finish(self, line: Claimed, owner: str, ok: bool, result: dict[str, Any]) -> None:
-        """Record a line's answer, unless its lease passed to another replica (which answers it instead)."""
-        with self._db() as db:
-            db.execute("UPDATE lines SET state = 'done', ok = ?, result = ? WHERE batch_id = ? AND line_no = ? AND "
-                       "owner = ? AND state = 'running'", (int(ok), json.dumps(result), line.batch_id, line.line_no,
-                                                          owner))
+    def finish(self, line: Claimed, owner: str, ok: bool, result: dict[str, Any]) -> bool:
+        """Record a line's answer, unless its lease passed to another replica (which answers it instead);
+        whether it was recorded."""
+        with self._db.transaction() as db:
+            return db.execute(
+                "UPDATE lines SET state = 'done', ok = ?, result = ? WHERE batch_id = ? AND line_no = ? AND "
+                "owner = ? AND state = 'running'",
+                (int(ok), json.dumps(result), line.batch_id, line.line_no, owner)).rowcount > 0
 
-    def retry(self, line: Claimed, owner: str, counted: bool) -> None:
-        """Hand a line back to be claimed again, counting an attempt against it or not."""
-        with self._db() as db:
-            db.execute("UPDATE lines SET state = 'pending', owner = NULL, attempts = attempts + ? WHERE batch_id = ? "
-                       "AND line_no = ? AND owner = ? AND state = 'running'",
-                       (int(counted), line.batch_id, line.line_no, owner))
+    def retry(self, line: Claimed, owner: str, counted: bool, delay_s: float = 0.0) -> str | None:
+        """Hand a line back to be claimed again in `delay_s`, counting an attempt against it or not; a line of a
+        batch cancelled or expired meanwhile is not tried again: it ends as an error line, as the batch's other
+        lines not yet run did, and the answer is why ("cancelled" or "expired")."""
+        with self._db.transaction() as db:
+            status = db.execute("SELECT status FROM batches WHERE id = ?", (line.batch_id,)).fetchone()[0]
+            if status != "in_progress":
+                code, why = (("batch_cancelled", "cancelled") if status == "cancelling" else ("batch_expired", "expired"))
+                db.execute("UPDATE lines SET state = 'done', ok = 0, result = ? WHERE batch_id = ? AND line_no = ? "
+                           "AND owner = ? AND state = 'running'",
+                           (json.dumps(error_line(line.batch_id, line.line_no, line.custom_id, code,
+                                                  f"The batch was {why} before this line could be tried again.")),
+                            line.batch_id, line.line_no, owner))
+                return why
+            db.execute("UPDATE lines SET state = 'pending', owner = NULL, attempts = attempts + ?, not_before = ? "
+                       "WHERE batch_id = ? AND line_no = ? AND owner = ? AND state = 'running'",
+                       (int(counted), time.time() + delay_s, line.batch_id, line.line_no, owner))
+            return None
 
     def to_finalize(self) -> list[str]:
         """Batches every line of which is done, not yet completed, expired or cancelled."""
-        with self._db() as db:
-            rows = db.execute("SELECT id FROM batches WHERE json_extract(body, '$.status') IN ('in_progress', "
-                              "'cancelling', 'finalizing') AND NOT EXISTS (SELECT 1 FROM lines WHERE batch_id = "
-                              "batches.id AND state != 'done')").fetchall()
+        with self._db.transaction() as db:
+            rows = db.execute("SELECT id FROM batches WHERE status IN (?, ?, ?) AND NOT EXISTS (SELECT 1 FROM lines "
+                              "WHERE batch_id = batches.id AND state != 'done')", _UNFINISHED).fetchall()
         return [row[0] for row in rows]
 
     def results(self, batch_id: str) -> list[tuple[bool, dict[str, Any]]]:
-        with self._db() as db:
+        with self._db.transaction() as db:
             rows = db.execute("SELECT ok, result FROM lines WHERE batch_id = ? ORDER BY line_no", (batch_id,)).fetchall()
         return [(bool(ok), json.loads(result)) for ok, result in rows]
 
+    # -- what /metrics reads -------------------------------------------------------------------------------
+    def census(self) -> Census:
+        with self._db.transaction() as db:
+            states = dict(db.execute("SELECT status, COUNT(*) FROM batches GROUP BY status").fetchall())
+            enqueued = dict(db.execute(
+                "SELECT b.tenant, CAST(SUM(l.tokens) AS BIGINT) FROM lines l JOIN batches b ON b.id = l.batch_id "
+                "WHERE l.state != 'done' GROUP BY b.tenant").fetchall())
+            oldest = db.execute("SELECT MIN(b.created_at) FROM lines l JOIN batches b ON b.id = l.batch_id "
+                                "WHERE l.state != 'done'").fetchone()[0]
+        return Census(states, enqueued, oldest)
 
-def _end_pending(db: sqlite3.Connection, batch_id: str, code: str, message: str) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """The store as a whole, as every replica reads it: batches by state, the tokens of each tenant's lines not
+    yet done, and when the oldest batch with a line not yet done was made (None: every line is done)."""
+
+    batches_by_state: dict[str, int]
+    enqueued_tokens: dict[str, int]
+    oldest_waiting_created_at: int | None
+
+
+def _put(db: Transaction, batch: dict[str, Any]) -> None:
+    db.execute("UPDATE batches SET body = ?, status = ?, expires_at = ? WHERE id = ?",
+               (json.dumps(batch), batch["status"], batch["expires_at"], batch["id"]))
+
+
+def _end_pending(db: Transaction, batch_id: str, code: str, message: str) -> int:
     rows = db.execute("SELECT line_no, custom_id FROM lines WHERE batch_id = ? AND state = 'pending'",
                       (batch_id,)).fetchall()
     db.executemany("UPDATE lines SET state = 'done', ok = 0, result = ? WHERE batch_id = ? AND line_no = ?",
                    [(json.dumps(error_line(batch_id, line_no, custom_id, code, message)), batch_id, line_no)
                     for line_no, custom_id in rows])
+    return len(rows)
 
 
 def error_line(batch_id: str, line_no: int, custom_id: str, code: str, message: str) -> dict[str, Any]:
@@ -224,10 +289,11 @@ def line_id(batch_id: str, line_no: int) -> str:
     return f"batch_req_{batch_id.removeprefix('batch_')}_{line_no}"
 
 
-def _with_counts(db: sqlite3.Connection, batch: dict[str, Any]) -> dict[str, Any]:
+def _with_counts(db: Transaction, batch: dict[str, Any]) -> dict[str, Any]:
     total, completed, failed = db.execute(
-        "SELECT COUNT(*), COALESCE(SUM(state = 'done' AND ok = 1), 0), COALESCE(SUM(state = 'done' AND ok = 0), 0) "
-        "FROM lines WHERE batch_id = ?", (batch["id"],)).fetchone()
+        "SELECT COUNT(*), COALESCE(SUM(CASE WHEN state = 'done' AND ok = 1 THEN 1 ELSE 0 END), 0), "
+        "COALESCE(SUM(CASE WHEN state = 'done' AND ok = 0 THEN 1 ELSE 0 END), 0) FROM lines WHERE batch_id = ?",
+        (batch["id"],)).fetchone()
     return {**batch, "request_counts": {"total": total, "completed": completed, "failed": failed}}
 
 

@@ -1,0 +1,126 @@
+"""The batch store's database: SQLite (a file; the default, so `make run` needs nothing else) or PostgreSQL (a
+`postgresql://` URL; what several replicas in a cluster share). store.py writes one SQL for both, with `?`
+placeholders and no construct only one of them knows.
+
+Each transaction holds the whole store's write lock from its first statement (SQLite's `BEGIN IMMEDIATE`; a
+transaction-scoped advisory lock on PostgreSQL), so a claim, a quota check or a cancel sees no other writer's
+half-done work. The store's transactions are short, and batch metadata is not where throughput is decided.
+"""
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+# What a store that cannot be used raises: the operator's to fix (the file's disk, the server, its password).
+STORE_ERRORS: tuple[type[Exception], ...] = (OSError, sqlite3.Error, psycopg.Error)
+# The advisory lock every PostgreSQL transaction takes: one number, the store's.
+_PG_LOCK = 0x5C1CE
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Transaction(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor: ...
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]], /) -> Any: ...
+
+
+class Database(Protocol):
+    def exists(self) -> bool: ...
+
+    def transaction(self) -> contextlib.AbstractContextManager[Transaction]: ...
+
+
+def open_database(location: str, schema: str) -> Database:
+    if location.startswith(POSTGRES_SCHEMES):
+        return PostgresDatabase(location, schema)
+    return SqliteDatabase(Path(location), schema)
+
+
+class SqliteDatabase:
+    """One connection per transaction, so that callers may run in any worker thread."""
+
+    def __init__(self, path: Path, schema: str) -> None:
+        self._path = path
+        self._schema = schema
+
+    def exists(self) -> bool:
+        return self._path.exists()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(self._schema)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+
+class PostgresDatabase:
+    """A connection per worker thread, kept; a broken one is replaced at the next transaction. The schema is
+    created once per process, under the store's lock, as replicas may start together."""
+
+    def __init__(self, url: str, schema: str) -> None:
+        self._url = url
+        self._schema = schema
+        self._local = threading.local()
+        self._schema_made = False
+
+    def exists(self) -> bool:
+        return True
+
+    def _connection(self) -> psycopg.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None or connection.closed or connection.broken:
+            connection = psycopg.connect(self._url, connect_timeout=10)
+            self._local.connection = connection
+        return connection
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        connection = self._connection()
+        with connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_LOCK,))
+            if not self._schema_made:
+                for statement in filter(str.strip, self._schema.split(";")):
+                    connection.execute(statement)
+            yield _PostgresTransaction(connection)
+        self._schema_made = True
+
+
+class _PostgresTransaction:
+    """store.py's `?` placeholders as psycopg's `%s`."""
+
+    def __init__(self, connection: psycopg.Connection) -> None:
+        self._connection = connection
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Cursor:
+        return self._connection.execute(sql.replace("?", "%s"), params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]], /) -> None:
+        with self._connection.cursor() as cursor:
+            cursor.executemany(sql.replace("?", "%s"), rows)
