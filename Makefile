@@ -59,8 +59,9 @@ test: install lint
 test-unit: install
 	$(PY) -m pytest -q -ra tests -m "not integration"
 
-# The whole stack on the local control plane (builds it on first use): helm install, the samples, the OpenAI
-# client through the gateway, canary, autoscaling, a crash, a rollout, uninstall; prints a timing table.
+# The whole stack on the local control plane's real node (builds it on first use), from the images `make images`
+# built: helm install, the samples, the OpenAI client through the gateway, canary, autoscaling, a crash, a
+# rollout, the vLLM stand-in, scale to zero, LoRA, uninstall; prints a timing table.
 # `make test` runs it too.
 e2e: install
 	$(PY) -m pytest -q -ra tests/e2e

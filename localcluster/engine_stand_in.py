@@ -1,23 +1,24 @@
 """Test harness: Sluice's runtime STANDING IN for the vLLM image, which cannot run here (no GPU, no registry).
 
-The launcher runs a container whose image is vLLM's OpenAI server (`vllm/vllm-openai`) as
-`python -m localcluster.engine_stand_in vllm ARGS...` instead of `vllm serve ARGS...`. This translates the vLLM
-flags the operator writes (operator/sluice_operator/builders/vllm_args.py) into `sluice-runtime serve` flags and
-replaces itself with that process. Like vLLM, the stand-in serves no `/load` (`--no-load-endpoint`), so the gateway
-reads its load from `/metrics`, and takes its API key from `VLLM_API_KEY`. It exercises what Sluice does around an
-engine (routing, scaling, status), not vLLM itself. A flag it does not know stops it with a message: a builder
-change must be taught here before the e2e scenario passes.
-
-    python -m localcluster.engine_stand_in vllm MODEL [--flag value ...]
+The stand-in image (`STAND_IN_IMAGE`, named as one) is the runtime image with this file added as its `vllm`
+command: `vllm serve MODEL ARGS...`, as the operator writes it for vLLM's image, translates the vLLM flags
+(operator/sluice_operator/builders/vllm_args.py) into `sluice-runtime serve` flags and replaces itself with that
+process. Like vLLM, the stand-in serves no `/load` (`--no-load-endpoint`), so the gateway reads its load from
+`/metrics`, and takes its API key from `VLLM_API_KEY`. It exercises what Sluice does around an engine (routing,
+scaling, status), not vLLM itself. A flag it does not know stops it with a message: a builder change must be
+taught here before the e2e scenario passes.
 """
 from __future__ import annotations
 
 import os
 import sys
 import tempfile
+from pathlib import Path
 
-# Image repository → engine the stand-in imitates.
-STAND_IN_IMAGES = {"vllm/vllm-openai": "vllm", "docker.io/vllm/vllm-openai": "vllm"}
+# The image the local cluster's vLLM pods run (the chart's operator.engineImages.vllm in the e2e suite).
+STAND_IN_IMAGE = "localhost/sluice-vllm-stand-in:1"
+# Where the image's PATH finds it.
+COMMAND_PATH = "usr/local/bin/vllm"
 # The Hub repository of the embedded model, which the stand-in serves from the embedded copy.
 EMBEDDED_REPOS = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2"}
 # vLLM flag → sluice-runtime flag, for flags taking one value passed on unchanged.
@@ -27,15 +28,6 @@ _SAME_VALUE = {
     "--dtype": "--dtype", "--gpu-memory-utilization": "--gpu-memory-utilization",
     "--tensor-parallel-size": "--tensor-parallel-size",
 }
-
-
-def stand_in_command(image: str) -> list[str] | None:
-    """The command that stands in for this image's entrypoint, or None for an image run as it is."""
-    repository = image.rsplit("@", 1)[0]
-    if ":" in repository.rsplit("/", 1)[-1]:
-        repository = repository.rsplit(":", 1)[0]
-    engine = STAND_IN_IMAGES.get(repository)
-    return None if engine is None else ["python", "-m", "localcluster.engine_stand_in", engine]
 
 
 def translate_vllm(args: list[str], env: dict[str, str]) -> list[str]:
@@ -80,9 +72,15 @@ def translate_vllm(args: list[str], env: dict[str, str]) -> list[str]:
     return out
 
 
+def image_files() -> dict[str, bytes]:
+    """What the stand-in image adds to the runtime image: this file, as its `vllm` command."""
+    # The runtime image's PATH leads to its environment's python3.
+    return {COMMAND_PATH: b"#!/usr/bin/env python3\n" + Path(__file__).read_bytes()}
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] != "vllm":
-        print("usage: python -m localcluster.engine_stand_in vllm ARGS...", file=sys.stderr)
+    if not argv or argv[0] != "serve":
+        print("usage: vllm serve MODEL [--flag value ...] (the vLLM stand-in)", file=sys.stderr)
         return 2
     try:
         args = translate_vllm(argv[1:], dict(os.environ))

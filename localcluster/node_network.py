@@ -3,9 +3,9 @@ and the tests all read from here.
 
 Everything lives in 10.213.0.0/16, a private range that exists only on this machine: the node's own address
 is the gateway of its pod bridge, pods sit behind it in network namespaces the CNI plugin makes, and Service
-addresses are rewritten to pod addresses by kube-proxy before they are routed. A blackhole route for the
-whole range makes sure nothing addressed into it ever leaves the machine, even a Service address with no
-rule for it.
+addresses are rewritten to pod addresses by kube-proxy (a pod's packets before they are routed; this
+machine's own, such as a test's client of a Service, after a route onto the bridge). A blackhole route for the
+rest of the range makes sure nothing addressed into it ever leaves the machine.
 """
 from __future__ import annotations
 

@@ -197,6 +197,9 @@ state = "{root}/state"
            "dev", node_network.BRIDGE)
         ip("link", "set", node_network.BRIDGE, "up")
         ip("route", "replace", "blackhole", node_network.RANGE)
+        # This machine's own connections to a Service address are routed before kube-proxy's rules rewrite
+        # them, so they need a route too: onto the bridge, where no Service address exists but pods do.
+        ip("route", "replace", node_network.SERVICE_CIDR, "dev", node_network.BRIDGE, "src", node_network.NODE_IP)
         # Pods reach the API server, which listens on loopback only, at its Service address and at the address
         # it advertises: rewritten to loopback before kube-proxy's rules see them (a higher nat priority).
         port = int(server.rsplit(":", 1)[1])
@@ -218,6 +221,7 @@ table ip {API_NAT_TABLE} {{
     def _network_down(self) -> None:
         subprocess.run(["nft", "delete", "table", "ip", API_NAT_TABLE], capture_output=True)
         subprocess.run(["ip", "link", "delete", node_network.BRIDGE], capture_output=True)
+        subprocess.run(["ip", "route", "delete", node_network.SERVICE_CIDR], capture_output=True)
         subprocess.run(["ip", "route", "delete", "blackhole", node_network.RANGE], capture_output=True)
 
     # -- processes ---------------------------------------------------------------------------------------------
@@ -257,8 +261,9 @@ table ip {API_NAT_TABLE} {{
         self._pid_file(name).unlink(missing_ok=True)
 
     def ctr(self, *args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+        kwargs.setdefault("text", True)
         return subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
-                              check=check, capture_output=True, text=True, **kwargs)
+                              check=check, capture_output=True, **kwargs)
 
     def _wait(self, what: str, ready: Callable[[], bool], timeout: float, log_name: str) -> None:
         deadline = time.monotonic() + timeout

@@ -4,8 +4,10 @@ by kube-router, and Secret volumes are updated the kubelet's way while a pod run
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
+import os
 import subprocess
 import time
 import uuid
@@ -27,6 +29,7 @@ from fixtures.real_node import (
 from fixtures.sluice_stack import ready
 from localcluster import node_network
 from localcluster.real_node import NODE_NAME, PLACEMENT
+from sluice_operator.builders.pod_security import RUN_AS_USER, WRITABLE_DIRS
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +41,7 @@ MODEL = "smollm2"
 # One of the node's two cores, so the runtime's thread count shows the pod's quota rather than the node's cores.
 MODEL_CPU = "1"
 MODEL_MEMORY = "3Gi"
+MODEL_LEN = 1024
 
 _CGROUP = """
 import json, os
@@ -167,7 +171,7 @@ def chart_on_node(kube_cluster, real_node, tmp_path_factory):
             kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-# Named by fixtures.real_node.RUNTIME_FIXTURE, which starts the runtime image's load early when a test needs it.
+# Named in fixtures.real_node.RUNTIME_FIXTURES, which starts the runtime image's load early when a test needs it.
 @pytest.fixture(scope="module")
 def model_on_node(kube_cluster, real_node, chart_on_node, record_testsuite_property):
     """The embedded model as an InferenceModel in the chart's namespace: its runtime pod in a container on the real
@@ -177,7 +181,8 @@ def model_on_node(kube_cluster, real_node, chart_on_node, record_testsuite_prope
     model = {"apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel",
              "metadata": {"name": MODEL, "namespace": namespace},
              "spec": {"model": {"source": "smollm2"}, "replicas": 1,
-                      "runtime": {"image": image, "dtype": "float32", "maxModelLen": 1024, "kvCacheMemory": "128Mi"},
+                      "runtime": {"image": image, "dtype": "float32", "maxModelLen": MODEL_LEN,
+                                  "kvCacheMemory": "128Mi"},
                       "resources": {"cpu": MODEL_CPU, "memory": MODEL_MEMORY, **PLACEMENT}}}
     started = time.monotonic()
     kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(model))
@@ -339,6 +344,58 @@ def test_a_model_pod_serves_from_its_container_with_threads_for_its_cpu_quota(ku
     seen = _exec_json(kube_cluster, pod, _THREADS)
     # The node has more cores than the pod's quota; torch's threads follow the quota.
     assert seen["cores"] > int(MODEL_CPU) and seen["threads"] == int(MODEL_CPU), seen
+
+
+# What a container may write: the writable paths, and nothing else even where the permissions would allow it
+# (/var/tmp is world-writable in Debian; only the read-only root stops it).
+_WRITE_PROBE = """id -u; id -g
+for path in "$@"; do
+  if touch "$path/.probe" 2>/dev/null; then echo "writable $path"; else echo "refused $path"; fi
+done"""
+
+
+def _write_probe(kube_cluster, pod: dict, paths: list[str]) -> list[str]:
+    return kube_cluster.kubectl("exec", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"], "--",
+                                "/bin/sh", "-c", _WRITE_PROBE, "probe", *paths).stdout.split("\n")
+
+
+def test_each_image_runs_as_its_user_and_writes_only_to_its_volumes(kube_cluster, chart_on_node, model_on_node):
+    namespace, _, _ = chart_on_node
+    writable = list(WRITABLE_DIRS.values())
+    assert _write_probe(kube_cluster, model_on_node, [*writable, "/var/tmp", "/opt/sluice", "/"]) == [
+        str(RUN_AS_USER), str(RUN_AS_USER), *(f"writable {path}" for path in writable),
+        "refused /var/tmp", "refused /opt/sluice", "refused /", ""]
+    for component in ("operator", "gateway"):
+        # The chart mounts an emptyDir on /tmp in the operator's and the gateway's pods, and nothing else writable.
+        seen = _write_probe(kube_cluster, _pod(kube_cluster, namespace, component), ["/tmp", "/var/tmp", "/opt/sluice"])
+        assert seen[2:] == ["writable /tmp", "refused /var/tmp", "refused /opt/sluice", ""], (component, seen)
+    torch = kube_cluster.kubectl("exec", _pod(kube_cluster, namespace, "operator")["metadata"]["name"], "-n",
+                                 namespace, "--", "python3", "-c", "import torch", check=False)
+    assert torch.returncode != 0, "the control-plane image must not carry torch"
+
+
+def test_the_runtime_image_answers_as_the_hosts_runtime_does(kube_cluster, chart_on_node, model_on_node):
+    """The image installs its own environment: greedy, its pod answers as this machine's runtime does with the same
+    configuration and one thread (the pod's quota), so a dependency that changed in the image shows here."""
+    from fixtures.runtime_server import start_runtime_server
+
+    namespace, _, _ = chart_on_node
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    through_pod = openai.OpenAI(base_url=_gateway_url(kube_cluster, namespace), api_key=TENANT_KEY, max_retries=0,
+                                timeout=120).chat.completions.create(model=MODEL, messages=question, temperature=0,
+                                                                     max_tokens=24)
+    cores = os.sched_getaffinity(0)
+    with contextlib.ExitStack() as running:
+        os.sched_setaffinity(0, {min(cores)})  # inherited by the server: one thread, as in the pod
+        try:
+            host = running.enter_context(start_runtime_server("--max-model-len", str(MODEL_LEN), "--kv-cache-memory",
+                                                              "128MiB", "--dtype", "float32"))
+        finally:
+            os.sched_setaffinity(0, cores)
+        on_host = openai.OpenAI(base_url=f"{host.url}/v1", api_key="unused", max_retries=0,
+                                timeout=120).chat.completions.create(model=MODEL, messages=question, temperature=0,
+                                                                     max_tokens=24)
+    assert through_pod.choices[0].message.content == on_host.choices[0].message.content
 
 
 _CALL_RUNTIME = """

@@ -38,15 +38,6 @@ CREDENTIAL = runtime_credential.secret_name(RELEASE)
 ENFORCE = "pod-security.kubernetes.io/enforce"
 ALLOWED_IMAGES = "ghcr.io/sluice-dev/"  # the registry prefix the test's operator lets models use
 GUARD_IMAGE = "ghcr.io/sluice-dev/sluice-operator:test"
-# A model whose pods the launcher runs as processes (the others are kwok's alone), sized for a 2-core machine.
-SERVED = {
-    "apiVersion": "sluice.dev/v1alpha1", "kind": "InferenceModel", "metadata": {"name": "served"},
-    "spec": {"model": {"source": "smollm2"}, "podLabels": {"sluice.dev/launch": "true"},
-             "runtime": {"maxModelLen": 512, "maxNumSeqs": 4, "kvCacheMemory": "128Mi", "startupTimeoutSeconds": 180},
-             "resources": {"cpu": "1", "memory": "2Gi"}},
-}
-
-
 class Api:
     """kubectl as the admin user, for the test's own reads and writes."""
 
@@ -342,74 +333,6 @@ def _credential(api, key: str = runtime_credential.SECRET_KEY) -> str:
     return base64.b64decode(secret["data"][key]).decode()
 
 
-@pytest.fixture(scope="module")
-def served(setup, kube_cluster, smollm2_dir):
-    """One model whose pod the launcher runs as a process, in the restricted namespace: its Ready pod."""
-    from fixtures.cluster import pinned_env
-    from localcluster.launcher import Launcher
-
-    api, _ = setup
-    with Launcher(kube_cluster.kubeconfig, namespace=api.namespace, log=lambda line: print(line, file=sys.stderr),
-                  pinned_env=pinned_env()) as launcher:
-        api.apply(SERVED)
-        api.run("wait", "--for=condition=Ready", "im/served", "--timeout=240s")
-        items = json.loads(api.run("get", "pods", "-l", "sluice.dev/inference-model=served", "-o", "json").stdout)
-        (pod,) = [p for p in items["items"] if not p["metadata"].get("deletionTimestamp")]
-        yield launcher, pod
-        api.run("delete", "im", "served", "--ignore-not-found", "--wait=false")
-
-
-def test_runtime_pods_pass_the_restricted_profile_and_serve(setup, served):
-    """The namespace enforces `restricted`: the operator's runtime pods are admitted, start and answer."""
-    from openai import OpenAI
-
-    api, _ = setup
-    launcher, pod = served
-    labels = json.loads(api.cluster.kubectl("get", "namespace", api.namespace, "-o", "json").stdout)["metadata"]["labels"]
-    assert labels[ENFORCE] == "restricted"
-    # The check can fail: a pod with the defaults (root allowed, no seccomp profile) is refused here.
-    refused = api.run("run", "plain", "--image=busybox", "--restart=Never", "--dry-run=server", check=False)
-    assert refused.returncode != 0 and 'violates PodSecurity "restricted' in refused.stderr, refused.stderr
-
-    client = OpenAI(base_url=f"http://{pod['status']['podIP']}:8000/v1", api_key=_credential(api), max_retries=0,
-                    timeout=60)
-    reply = client.chat.completions.create(model="served", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
-    assert reply.usage.completion_tokens > 0
-    # It writes only where the pod spec gives it emptyDirs (the launcher's per-pod volume directories).
-    (pid,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and _leads_group(int(p))
-              and f"HOSTNAME={pod['metadata']['name']}".encode() in _environ(int(p)).split(b"\0")]
-    env = dict(item.split("=", 1) for item in _environ(pid).decode().split("\0") if "=" in item)
-    volumes = launcher.volume_dir / f"{api.namespace}_{pod['metadata']['name']}_{pod['metadata']['uid'][:8]}"
-    assert env["HOME"] == str(volumes / "home") and env["TMPDIR"] == str(volumes / "tmp"), env
-
-
-def test_runtime_refuses_inference_without_the_release_credential(setup, served):
-    """Any process that reaches a runtime pod (another tenant's pod, forged labels and all) gets 401 without the
-    credential; probes and the scraper's paths stay open."""
-    api, _ = setup
-    _, pod = served
-    base = f"http://{pod['status']['podIP']}:8000"
-    body = json.dumps({"model": "served", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
-    credential = _credential(api)
-
-    def status(path: str, headers: dict[str, str], data: bytes | None = None) -> tuple[int, dict | None]:
-        request = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json",
-                                                                          **headers})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, None
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
-
-    for headers in ({}, {"authorization": "Bearer sk-sluice-e2e"}, {"authorization": f"Bearer {credential[:-1]}"},
-                    {"authorization": credential}, {"authorization": f"Basic {credential}"}):
-        code, error = status("/v1/chat/completions", headers, body)
-        assert code == 401 and error["error"]["type"], (headers, code, error)
-    for path in ("/metrics", "/load", "/health", "/ready"):
-        assert status(path, {})[0] == 200, path
-    assert status("/v1/chat/completions", {"authorization": runtime_credential.header_value(credential)}, body)[0] == 200
-
-
 def test_each_namespace_served_gets_its_own_credential_and_the_runtime_policy(setup, samples):
     """Each namespace gets a credential of its own, made from the release key (and renewed with it); both
     namespaces get the runtime pods' NetworkPolicy, accepted by the API server; everything goes with a
@@ -465,21 +388,6 @@ def test_each_namespace_served_gets_its_own_credential_and_the_runtime_policy(se
     other.run("delete", "im", "copied")
     wait_for(lambda: other.get("secret", CREDENTIAL) is None and other.get("networkpolicy", f"{RELEASE}-runtime") is None,
              what="the copy and the policy to go with the namespace's last model")
-
-
-def _leads_group(pid: int) -> bool:
-    """The launcher starts each container's process in a group of its own."""
-    try:
-        return os.getpgid(pid) == pid
-    except OSError:
-        return False
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""
 
 
 def test_an_object_in_the_way_is_reported_and_left_alone(setup):
