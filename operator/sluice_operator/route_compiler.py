@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from sluice_contracts.routing_table import Backend, Capabilities, Route, RoutingTable
 
+from .builders.model_version import backend_version
 from .crd import InferenceModelSpec, ModelRouteSpec
 
 
@@ -38,10 +39,12 @@ class Compiled:
 
 # InferenceModel name → endpoint URL → the adapters loaded there.
 Loaded = Mapping[str, Mapping[str, frozenset[str]]]
+# InferenceModel name → its metadata.generation.
+Generations = Mapping[str, int]
 
 
 def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mapping[str, list[str]],
-             adapter: str | None = None, loaded: Loaded | None = None) -> Backend:
+             generations: Generations, adapter: str | None = None, loaded: Loaded | None = None) -> Backend:
     urls = tuple(endpoints.get(name, ()))
     if adapter is not None:
         on = (loaded or {}).get(name, {})
@@ -60,6 +63,7 @@ def _backend(name: str, spec: InferenceModelSpec, weight: int, endpoints: Mappin
             tasks=tuple(spec.capabilities.tasks),
         ),
         engine=spec.runtime.engine,
+        version=backend_version(spec, generations[name]) if name in generations else None,
     )
 
 
@@ -73,10 +77,14 @@ def compile_routes(
     endpoints: Mapping[str, list[str]],
     previous: RoutingTable | None = None,
     loaded: Loaded | None = None,
+    generations: Generations | None = None,
 ) -> Compiled:
     """Every InferenceModel is routable under its own name, and each of its adapters under the adapter's; each
-    ModelRoute adds its public name on top."""
-    table, adapter_owner, conflicts = _model_routes(models, endpoints, loaded)
+    ModelRoute adds its public name on top. A backend's version is its model's weights and generation, so a
+    canary's two backends, and one model before and after an edit, answer with different versions; a model
+    missing from `generations` gets none (its answers name the engine's own)."""
+    generations = generations or {}
+    table, adapter_owner, conflicts = _model_routes(models, endpoints, generations, loaded)
     verdicts: dict[str, RouteVerdict] = {}
     owners: dict[str, str] = {}  # public name → the ModelRoute serving it
     missing_of: dict[str, list[str]] = {}  # ModelRoute → its backends that do not exist
@@ -89,7 +97,8 @@ def compile_routes(
                    if b.inference_model not in models
                    or (b.adapter and b.adapter not in _declared(models[b.inference_model]))]
         backends = tuple(
-            _backend(b.inference_model, models[b.inference_model], b.weight, endpoints, b.adapter or None, loaded)
+            _backend(b.inference_model, models[b.inference_model], b.weight, endpoints, generations,
+                     b.adapter or None, loaded)
             for b in spec.backends
             if _backend_label(b) not in missing
         )
@@ -114,11 +123,12 @@ def compile_routes(
 
 
 def _model_routes(models: Mapping[str, InferenceModelSpec], endpoints: Mapping[str, list[str]],
-                  loaded: Loaded | None) -> tuple[dict[str, Route], dict[str, str], dict[tuple[str, str], str]]:
+                  generations: Generations, loaded: Loaded | None
+                  ) -> tuple[dict[str, Route], dict[str, str], dict[tuple[str, str], str]]:
     """Each model's own route and its adapters' (models in name order, a taken name left out): the routes, each
     adapter's model, and why each left-out adapter is."""
     table: dict[str, Route] = {
-        name: Route(affinity="prefix", backends=(_backend(name, spec, 1, endpoints),))
+        name: Route(affinity="prefix", backends=(_backend(name, spec, 1, endpoints, generations),))
         for name, spec in sorted(models.items())
     }
     conflicts: dict[tuple[str, str], str] = {}
@@ -132,7 +142,7 @@ def _model_routes(models: Mapping[str, InferenceModelSpec], endpoints: Mapping[s
                 continue
             adapter_owner[adapter] = name
             table[adapter] = Route(affinity="prefix",
-                                   backends=(_backend(name, spec, 1, endpoints, adapter, loaded),))
+                                   backends=(_backend(name, spec, 1, endpoints, generations, adapter, loaded),))
     return table, adapter_owner, conflicts
 
 

@@ -131,3 +131,19 @@ def test_a_route_cannot_take_a_models_or_an_adapters_own_name():
     assert not adapter.ready and adapter.reason == "NameConflict" and "adapter 'sql' of InferenceModel 'v2'" in adapter.message
     # A route of its own name may still fall back to a model's.
     assert compiled.verdicts["fine"].ready and table.route("chat").fallbacks == ("v1",)
+
+
+def test_each_backend_names_its_models_weights_and_generation():
+    models = {"stable": _model(model={"source": "hf:org/smol", "revision": "abc123"}),
+              "canary": _model(model={"source": "hf:org/smol", "revision": "def456"})}
+    routes = {"chat": _route("chat", [{"inferenceModel": "stable", "weight": 90},
+                                      {"inferenceModel": "canary", "weight": 10}])}
+    first = compile_routes(models, routes, {}, generations={"stable": 3, "canary": 1}).table
+    chat = parse_routing_table(first.to_json()).route("chat")
+    assert [b.version for b in chat.backends] == ["hf:org/smol@abc123+g3", "hf:org/smol@def456+g1"]
+    assert first.route("stable").backends[0].version == chat.backends[0].version
+    # An edit of the canary (its generation moves) is a new version, and a new table for the gateway.
+    edited = compile_routes(models, routes, {}, previous=first, generations={"stable": 3, "canary": 2}).table
+    assert edited.route("chat").backends[1].version == "hf:org/smol@def456+g2"
+    assert edited.route("chat").backends[0].version == chat.backends[0].version
+    assert edited.generation == first.generation + 1

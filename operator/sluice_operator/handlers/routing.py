@@ -133,7 +133,8 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
     models, routes, invalid = _specs(model_objs, route_objs)
     previous = await _previous(state, namespace)
     loaded = {name: found.loaded for name in models if (found := state.adapters.get((namespace, name))) is not None}
-    compiled = compile_routes(models, routes, endpoints, previous, loaded)
+    generations = {obj["metadata"]["name"]: obj["metadata"].get("generation", 1) for obj in model_objs}
+    compiled = compile_routes(models, routes, endpoints, previous, loaded, generations)
     table = compiled.table
     if previous is None or table.generation != previous.generation:
         await kube.apply(build_routing_table(namespace, table.generation, table.to_json(), model_objs))
