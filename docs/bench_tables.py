@@ -108,6 +108,61 @@ def lora() -> str:
                       f"4 adapters / base: {data['adapters_over_base']:.2f} (target at least 0.7)."])
 
 
+def _s(seconds: float) -> str:
+    return f"{seconds:.2f} s"
+
+
+def _requests_by_concurrency(rows: dict[str, dict[str, Any]]) -> str:
+    """How many requests ran at each concurrency, from rows named "... c=N"."""
+    counts = {key.rsplit(" c=", 1)[1]: row["requests"] for key, row in rows.items()}
+    return ", ".join(f"{n} at c={c}" for c, n in counts.items())
+
+
+def _each(prefix: str, table: Callable[[str, dict[str, Any]], str]) -> str:
+    """One table per results file of a benchmark that writes one per CPU level (PREFIX-LEVEL.json)."""
+    return "\n\n".join(table(path.name, _load(path.name)) for path in sorted(RESULTS.glob(f"{prefix}-*.json")))
+
+
+def _quantization(name: str, data: dict[str, Any]) -> str:
+    rows = ["| row | output tok/s | mean TTFT | mean ITL |", "| --- | --- | --- | --- |"]
+    rows += [f"| {key} | {row['output_tok_s']:.1f} | {_s(row['mean_ttft_s'])} | {_ms(row['mean_itl_s'])} |"
+             for key, row in data["rows"].items()]
+    rows += ["", "| concurrency | int8 / float32 output tok/s |", "| --- | --- |"]
+    rows += [f"| {c} | {_ratio(ratio)} |" for c, ratio in data["int8_over_float32"].items()]
+    weights = data["weight_bytes"]
+    resident = ", ".join(f"{dtype} {size / 2**20:,.0f} MiB" + ("" if dtype == "float32" else
+                                                               f" ({size / weights['float32']:.2f} of float32)")
+                         for dtype, size in weights.items())
+    return "\n".join([
+        _run_line(name, data), "",
+        f"CPU path {data['cpu']}; int8 linears: {data['int8_linears']}; {data['torch_threads']} torch threads; "
+        f"requests {_requests_by_concurrency(data['rows'])}, {data['output_len']} output tokens each:", "", *rows, "",
+        f"Resident weights: {resident}."])
+
+
+def quantization() -> str:
+    return _each("quantization", _quantization)
+
+
+def _speculative(name: str, data: dict[str, Any]) -> str:
+    rows = ["| row | requests | output tokens | output tok/s | mean TTFT | mean ITL | acceptance |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for key, row in data["rows"].items():
+        accepted = "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate'] * 100:.0f} %"
+        rows.append(f"| {key} | {row['requests']} | {row['output_tokens']:,} | {row['output_tok_s']:.1f} | "
+                    f"{_s(row['mean_ttft_s'])} | {_ms(row['mean_itl_s'])} | {accepted} |")
+    rows += ["", "| chats, concurrency | plain / n-gram mean ITL |", "| --- | --- |"]
+    rows += [f"| {key} | {_ratio(ratio)} |" for key, ratio in data["plain_itl_over_ngram_itl"].items()]
+    return "\n".join([
+        _run_line(name, data), "",
+        f"CPU path {data['cpu']}; `--speculative-config '{json.dumps(data['speculative_config'])}'`; "
+        f"{data['torch_threads']} torch threads; at most {data['output_len']} output tokens a chat:", "", *rows])
+
+
+def speculative() -> str:
+    return _each("speculative", _speculative)
+
+
 def embedding() -> str:
     data = _load("embedding.json")
     rows = ["| row | inputs/s (median) | per round | vs transformers, padded batch |", "| --- | --- | --- | --- |"]
@@ -220,6 +275,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "bench-short-under-long": short_under_long,
     "bench-throughput-mix": throughput_mix,
     "bench-lora": lora,
+    "bench-quantization": quantization,
+    "bench-speculative": speculative,
     "bench-embedding": embedding,
     "bench-serve": serve,
     "bench-gateway-overhead": gateway_overhead,
