@@ -54,6 +54,11 @@ class Limits(_Strict):
         description="Tokens the tenant's batch lines not yet answered may cost at most, all its batches together; "
                     "a batch that would pass it is refused when it is made (gateway/README.md, \"Batch\").",
     )
+    batch_file_bytes: int | None = Field(
+        default=1 << 30, gt=0,
+        description="Bytes the tenant's files not yet expired may take, uploaded and produced together; an upload "
+                    "that would pass it is refused (gateway/README.md, \"Batch\").",
+    )
 
 
 class Tenant(_Strict):

@@ -6,6 +6,7 @@ exactly once."""
 import contextlib
 import io
 import json
+import sqlite3
 import threading
 import time
 
@@ -21,7 +22,7 @@ from sluice_gateway.batch.store import BatchStore, Line, QuotaExceeded
 
 pytestmark = pytest.mark.integration
 
-ALICE, BOB, CAROL = "sk-batch-alice", "sk-batch-bob", "sk-batch-carol"
+ALICE, BOB, CAROL, ERIN = "sk-batch-alice", "sk-batch-bob", "sk-batch-carol", "sk-batch-erin"
 
 
 def _batch_line_ids(gateway, batch_id):
@@ -33,6 +34,7 @@ def config(tmp, **batch):
         {"name": "alice", "keys": [key_entry("alice-key", ALICE)], "limits": {"requests_per_minute": 2}},
         {"name": "bob", "keys": [key_entry("bob-key", BOB)]},
         {"name": "carol", "keys": [key_entry("carol-key", CAROL)], "models": ["other-*"]},
+        {"name": "erin", "keys": [key_entry("erin-key", ERIN)], "limits": {"batch_file_bytes": 2500}},
     ], shutdown={"ready_grace_s": 0}, batch={"database": str(tmp / "batch.sqlite3"), "files_dir": str(tmp / "files"), "lease_s": 2,
               "max_file_lines": 50, "max_file_bytes": 64 * 1024, **batch})
 
@@ -121,9 +123,11 @@ def test_an_embeddings_batch(gateway):
     lines = [{"custom_id": f"e{n}", "method": "POST", "url": "/v1/embeddings",
               "body": {"model": "tiny", "input": f"document {n}"}} for n in range(3)]
     batch = bob.batches.create(input_file_id=upload(bob, lines).id, endpoint="/v1/embeddings",
-                               completion_window="24h")
+                               completion_window="24h", output_expires_after={"anchor": "created_at", "seconds": 7200})
     done = wait_done(bob, batch.id)
     assert done.status == "completed" and done.error_file_id is None
+    produced = bob.files.retrieve(done.output_file_id)
+    assert produced.expires_at == produced.created_at + 7200
     output = lines_of(bob, done.output_file_id)
     assert sorted(line["custom_id"] for line in output) == ["e0", "e1", "e2"]
     assert all(len(line["response"]["body"]["data"][0]["embedding"]) > 0 for line in output)
@@ -330,6 +334,59 @@ def test_batch_lines_run_at_the_least_urgent_class_unless_one_is_named(tmp_path)
     assert load_config(path).batch_priority_class == "gold"
 
 
+# -- file expiry and storage -----------------------------------------------------------------------------------
+def test_files_expire_and_a_tenants_files_stay_within_its_storage_quota(gateway):
+    erin = client(gateway, ERIN)
+
+    def put(size, **policy):
+        return erin.files.create(file=("f.jsonl", io.BytesIO(b"x" * size)), purpose="batch", **policy)
+
+    hour = put(1000, expires_after={"anchor": "created_at", "seconds": 3600})
+    assert hour.expires_at == hour.created_at + 3600
+    month = put(500)  # OpenAI's default for batch files: 30 days
+    assert month.expires_at == month.created_at + 30 * 24 * 3600
+    # Two uploads at once with room for one (2,500 bytes in all): one is stored, the other refused.
+    answers: list = []
+
+    def upload_one():
+        try:
+            answers.append(put(600))
+        except openai.APIStatusError as exc:
+            answers.append(exc)
+
+    threads = [threading.Thread(target=upload_one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    refused = [a for a in answers if isinstance(a, Exception)]
+    assert len(refused) == 1 and refused[0].status_code == 429
+    assert refused[0].body["code"] == "storage_limit_exceeded"
+    with pytest.raises(openai.BadRequestError) as alone:
+        put(2600)
+    assert alone.value.body["code"] == "storage_limit_exceeded"
+    for policy in ({"anchor": "last_active_at", "seconds": 3600}, {"anchor": "created_at", "seconds": 60}):
+        with pytest.raises(openai.BadRequestError):
+            put(10, expires_after=policy)
+    with pytest.raises(openai.BadRequestError):
+        erin.batches.create(input_file_id=month.id, endpoint="/v1/chat/completions", completion_window="24h",
+                            output_expires_after={"anchor": "created_at", "seconds": 10 ** 9})
+    # The hour passes (moved in the store, as no test can wait for the clock): the file is gone as a deleted one,
+    # its bytes count no more, and its contents leave the volume.
+    with contextlib.closing(sqlite3.connect(gateway.config_path.parent / "batch.sqlite3")) as db, db:
+        db.execute("UPDATE files SET expires_at = 0 WHERE id = ?", (hour.id,))
+    for call in (lambda: erin.files.retrieve(hour.id), lambda: erin.files.content(hour.id),
+                 lambda: erin.files.delete(hour.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert hour.id not in [f.id for f in erin.files.list()]
+    put(900)
+    deadline = time.monotonic() + 10
+    while (gateway.config_path.parent / "files" / hour.id).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 # -- the quota of enqueued batch tokens -------------------------------------------------------------------------
 DAVE = "sk-batch-dave"
 _PARKED = {"parked": {"backends": [backend("parked-v1", max_model_len=2048)]},  # no endpoint: its lines wait
@@ -505,7 +562,7 @@ def _lines(count, tokens=10):
 
 def test_a_lease_not_renewed_passes_to_another_replica_and_the_late_answer_is_dropped(database):
     store = BatchStore(database)
-    store.add_batch(_batch("batch_a"), "alice", "alice-key", _lines(3), None)
+    store.add_batch(_batch("batch_a"), "alice", "alice-key", _lines(3), None, 3600)
     first = store.claim("replica-1", 2, lease_s=0.3)
     assert [line.custom_id for line in first] == ["c0", "c1"]
     assert [line.custom_id for line in store.claim("replica-2", 5, lease_s=0.3)] == ["c2"]
@@ -525,17 +582,17 @@ def test_a_lease_not_renewed_passes_to_another_replica_and_the_late_answer_is_dr
 
 def test_batches_stored_at_once_cannot_pass_the_quota_together(database):
     stores = [BatchStore(database) for _ in range(4)]  # as four replicas would
-    stores[0].add_batch(_batch("batch_seed"), "alice", "k", [], 100)  # the schema exists before the race
+    stores[0].add_batch(_batch("batch_seed"), "alice", "k", [], 100, 3600)  # the schema exists before the race
     outcomes: list[str] = []
     start = threading.Barrier(len(stores))
 
     def store_one(n):
         start.wait()
         try:
-            stores[n].add_batch(_batch(f"batch_{n}"), "alice", "k", _lines(6), 100)
+            stores[n].add_batch(_batch(f"batch_{n}"), "alice", "k", _lines(6), 100, 3600)
             outcomes.append("stored")
         except QuotaExceeded as over:
-            outcomes.append(f"refused with {over.enqueued} enqueued")
+            outcomes.append(f"refused with {over.held} enqueued")
 
     threads = [threading.Thread(target=store_one, args=(n,)) for n in range(len(stores))]
     for thread in threads:
@@ -544,7 +601,7 @@ def test_batches_stored_at_once_cannot_pass_the_quota_together(database):
         thread.join()
     assert sorted(outcomes) == ["refused with 60 enqueued"] * 3 + ["stored"]
     # Another tenant's batch is not counted against this one's quota.
-    stores[0].add_batch(_batch("batch_bob"), "bob", "k", _lines(6), 100)
+    stores[0].add_batch(_batch("batch_bob"), "bob", "k", _lines(6), 100, 3600)
 
 
 def test_gateways_killed_during_a_batch_lose_no_line_and_answer_none_twice(database, routes, tmp_path):

@@ -34,6 +34,8 @@ _JSON = b"application/json"
 # The endpoints a batch may target, and the task each is routed as.
 ENDPOINTS: dict[str, Task] = {"/v1/chat/completions": "chat", "/v1/completions": "completion", "/v1/embeddings": "embedding"}
 _WINDOW_S = {"24h": 24 * 3600}
+# OpenAI's bounds on `expires_after.seconds`, and what a file gets without one (as OpenAI does for batch files).
+_MIN_TTL_S, _MAX_TTL_S = 3600, 30 * 24 * 3600
 _ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _MAX_METADATA = 16
 
@@ -65,7 +67,7 @@ class BatchApi:
         route = (resource, method, len(rest), rest[1] if len(rest) > 1 else None)
         tenant = principal.tenant
         if route == ("files", "POST", 0, None):
-            return _json(await self._upload(tenant, content_type, body))
+            return _json(await self._upload(principal, content_type, body))
         if route == ("files", "GET", 0, None):
             files = await asyncio.to_thread(self.store.files, tenant)
             return _json({"object": "list", "data": files, "has_more": False})
@@ -119,7 +121,8 @@ class BatchApi:
             raise _not_found("batches", batch_id)
         return batch
 
-    async def _upload(self, tenant: str, content_type: bytes, body: bytes) -> dict[str, Any]:
+    async def _upload(self, principal: Principal, content_type: bytes, body: bytes) -> dict[str, Any]:
+        tenant = principal.tenant
         fields = form_fields(content_type, body)
         purpose = fields.get("purpose", (None, b""))[1].decode(errors="replace")
         if purpose != "batch":
@@ -134,11 +137,25 @@ class BatchApi:
         if content.count(b"\n") + (not content.endswith(b"\n")) > self.settings.max_file_lines:
             raise GatewayError(413, f"the file has more than the gateway's limit of {self.settings.max_file_lines} "
                                     "lines", param="file", code="file_too_large")
+        anchor, seconds = (fields.get(f"expires_after[{name}]", (None, None))[1] for name in ("anchor", "seconds"))
+        ttl = _ttl("expires_after", None if anchor is None and seconds is None else {
+            "anchor": (anchor or b"").decode(errors="replace"), "seconds": (seconds or b"").decode(errors="replace")})
+        now = int(time.time())
         record: dict[str, Any] = {"id": f"file-{uuid.uuid4().hex}", "object": "file", "bytes": len(content),
-                  "created_at": int(time.time()), "filename": filename or "upload.jsonl", "purpose": purpose,
-                  "status": "processed", "expires_at": None, "status_details": None}
+                  "created_at": now, "filename": filename or "upload.jsonl", "purpose": purpose,
+                  "status": "processed", "expires_at": now + ttl, "status_details": None}
         await asyncio.to_thread(self.contents.write, record["id"], content)
-        await asyncio.to_thread(self.store.add_file, record, tenant)
+        quota = principal.limits.batch_file_bytes
+        try:
+            await asyncio.to_thread(self.store.add_file, record, tenant, quota)
+        except QuotaExceeded as over:
+            await asyncio.to_thread(self.contents.delete, record["id"])
+            raise _over_quota(over, quota, "storage_limit_exceeded",
+                              f"This file's {over.asked} bytes are more than the file storage limit of {quota} "
+                              f"bytes of tenant {tenant!r}.",
+                              f"File storage limit reached for tenant {tenant!r}: limit {quota} bytes, {over.held} "
+                              f"held by its files and {over.asked} in this one. Delete files, or wait for some to "
+                              "expire.") from None
         return record
 
     async def _create(self, principal: Principal, body: bytes) -> dict[str, Any]:
@@ -160,6 +177,7 @@ class BatchApi:
             raise GatewayError(400, "completion_window must be '24h'", param="completion_window",
                                code="invalid_value")
         metadata = _metadata(request.get("metadata"))
+        output_ttl = _ttl("output_expires_after", request.get("output_expires_after"))
         input_file = await self._file(principal.tenant, request["input_file_id"])
         content = await asyncio.to_thread(self.contents.read, input_file["id"])
         if content is None:
@@ -180,9 +198,16 @@ class BatchApi:
             costed = await asyncio.to_thread(self._costed, principal, endpoint, lines)
         quota = principal.limits.batch_enqueued_tokens
         try:
-            await asyncio.to_thread(self.store.add_batch, batch, principal.tenant, principal.key_id, costed, quota)
+            await asyncio.to_thread(self.store.add_batch, batch, principal.tenant, principal.key_id, costed, quota,
+                                    output_ttl)
         except QuotaExceeded as over:
-            raise _over_quota(principal.tenant, quota, over) from None
+            raise _over_quota(over, quota, "token_limit_exceeded",
+                              f"The lines of this batch may cost up to {over.asked} tokens, more than the limit of "
+                              f"{quota} enqueued tokens of tenant {principal.tenant!r}. Split it into smaller "
+                              "batches or lower its lines' max_tokens.",
+                              f"Enqueued token limit reached for tenant {principal.tenant!r}: limit {quota} enqueued "
+                              f"tokens, {over.held} held by its unfinished batches and {over.asked} asked for by "
+                              "this one. Try again once some of its batches have finished.") from None
         return await self._batch(principal.tenant, batch["id"])
 
     def _costed(self, principal: Principal, endpoint: str, lines: list[tuple[str, dict[str, Any]]]) -> list[Line]:
@@ -192,17 +217,26 @@ class BatchApi:
                 for custom_id, body in lines]
 
 
-def _over_quota(tenant: str, quota: int | None, over: QuotaExceeded) -> GatewayError:
-    """400 for a batch that can never fit (retrying is pointless), 429 for one that fits once the tenant's other
-    batches have run."""
-    if over.batch_tokens > (quota or 0):
-        return GatewayError(400, f"The lines of this batch may cost up to {over.batch_tokens} tokens, more than the "
-                                 f"limit of {quota} enqueued tokens of tenant {tenant!r}. Split it into smaller "
-                                 "batches or lower its lines' max_tokens.", code="token_limit_exceeded")
-    return GatewayError(429, f"Enqueued token limit reached for tenant {tenant!r}: limit {quota} enqueued tokens, "
-                             f"{over.enqueued} held by its unfinished batches and {over.batch_tokens} asked for by "
-                             "this one. Try again once some of its batches have finished.",
-                        code="token_limit_exceeded")
+def _over_quota(over: QuotaExceeded, quota: int | None, code: str, alone: str, with_others: str) -> GatewayError:
+    """400 for what can never fit (retrying is pointless), 429 for what fits once the tenant's other batches have
+    run (or its other files are gone)."""
+    if over.asked > (quota or 0):
+        return GatewayError(400, alone, code=code)
+    return GatewayError(429, with_others, code=code)
+
+
+def _ttl(name: str, policy: Any) -> int:
+    """The seconds of an `expires_after` policy (OpenAI's: anchored at the file's creation); 30 days when unset."""
+    if policy is None:
+        return _MAX_TTL_S
+    seconds = policy.get("seconds") if isinstance(policy, dict) else None
+    if isinstance(seconds, str) and seconds.isdigit():
+        seconds = int(seconds)  # a form field
+    if (not isinstance(policy, dict) or policy.get("anchor") != "created_at" or type(seconds) is not int
+            or not _MIN_TTL_S <= seconds <= _MAX_TTL_S):
+        raise GatewayError(400, f"{name} must be {{anchor: created_at, seconds: {_MIN_TTL_S} to {_MAX_TTL_S}}}",
+                           param=name, code="invalid_value")
+    return seconds
 
 
 def _metadata(value: Any) -> dict[str, str] | None:

@@ -64,7 +64,8 @@ class BatchExecutor:
                 task.cancel()
 
     async def _step(self, api: BatchApi) -> bool:
-        """Renew, expire, claim what this replica has room for, finalize; whether any line was claimed."""
+        """Renew, expire, claim what this replica has room for, finalize, delete expired files; whether any line
+        was claimed."""
         settings, store = api.settings, api.store
         if time.monotonic() - self._renewed > settings.lease_s / 3:
             await asyncio.to_thread(store.renew, self._owner, settings.lease_s)
@@ -79,6 +80,10 @@ class BatchExecutor:
             task.add_done_callback(self._running.discard)
         for batch_id in await asyncio.to_thread(store.to_finalize):
             await self._finalize(api, batch_id)
+        if expired := await asyncio.to_thread(store.expired_files, int(time.time())):
+            for file_id in expired:
+                await asyncio.to_thread(api.contents.delete, file_id)
+            await asyncio.to_thread(store.forget_files, expired)
         return bool(claimed)
 
     async def _run(self, api: BatchApi, line: Claimed) -> None:
@@ -118,7 +123,7 @@ class BatchExecutor:
     async def _finalize(self, api: BatchApi, batch_id: str) -> None:
         """Write the output and error files, then end the batch; run again from the start, it writes the same."""
         store = api.store
-        tenant, _ = await asyncio.to_thread(store.owner_of, batch_id)
+        tenant, output_ttl_s = await asyncio.to_thread(store.owner_of, batch_id)
         now = int(time.time())
         batch = await asyncio.to_thread(store.batch, tenant, batch_id)
         if batch is None:
@@ -134,7 +139,7 @@ class BatchExecutor:
             content = "".join(json.dumps(line) + "\n" for line in lines).encode()
             file_id = f"file-{batch_id.removeprefix('batch_')}-{name}"
             record = {"id": file_id, "filename": f"{batch_id}_{name}.jsonl", "purpose": "batch_output",
-                      "bytes": len(content), "created_at": now}
+                      "bytes": len(content), "created_at": now, "expires_at": now + output_ttl_s}
             await asyncio.to_thread(api.contents.write, file_id, content)
             await asyncio.to_thread(store.add_file, record, tenant)
             ended[f"{name}_file_id"] = file_id

@@ -20,10 +20,11 @@ from .database import Transaction, open_database
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL,
-    bytes BIGINT NOT NULL, created_at BIGINT NOT NULL);
+    bytes BIGINT NOT NULL, created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, tenant TEXT NOT NULL, key_id TEXT NOT NULL, status TEXT NOT NULL,
-    created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, body TEXT NOT NULL, created_seq BIGINT NOT NULL);
+    created_at BIGINT NOT NULL, expires_at BIGINT NOT NULL, body TEXT NOT NULL, created_seq BIGINT NOT NULL,
+    output_ttl_s BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS lines (
     batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, custom_id TEXT NOT NULL, request TEXT NOT NULL,
     tokens BIGINT NOT NULL, state TEXT NOT NULL, owner TEXT, lease_until DOUBLE PRECISION,
@@ -31,7 +32,9 @@ CREATE TABLE IF NOT EXISTS lines (
     PRIMARY KEY (batch_id, line_no));
 CREATE INDEX IF NOT EXISTS lines_by_state ON lines (state, lease_until);
 CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
+CREATE INDEX IF NOT EXISTS files_by_expiry ON files (expires_at);
 """
+_FILE = "SELECT id, filename, purpose, bytes, created_at, expires_at FROM files"
 # The states of a batch whose lines may still run or be written to its files.
 _UNFINISHED = ("in_progress", "cancelling", "finalizing")
 # Sums cast back to BIGINT: PostgreSQL's SUM of one is a NUMERIC.
@@ -63,12 +66,13 @@ class Line:
 
 
 class QuotaExceeded(Exception):
-    """The batch's lines would take its tenant past its quota of enqueued batch tokens."""
+    """A batch's lines (or a file's bytes) would take its tenant past its quota of enqueued batch tokens (or of
+    stored bytes)."""
 
-    def __init__(self, enqueued: int, batch_tokens: int) -> None:
-        super().__init__(enqueued, batch_tokens)
-        self.enqueued = enqueued  # the tenant's lines not yet done, in other batches
-        self.batch_tokens = batch_tokens
+    def __init__(self, held: int, asked: int) -> None:
+        super().__init__(held, asked)
+        self.held = held  # what the tenant's other batches (or files) already take
+        self.asked = asked  # what this one would add
 
 
 class BatchStore:
@@ -79,31 +83,50 @@ class BatchStore:
         return self._db.exists()
 
     # -- files ---------------------------------------------------------------------------------------------
-    def add_file(self, record: dict[str, Any], tenant: str) -> None:
+    def add_file(self, record: dict[str, Any], tenant: str, quota: int | None = None) -> None:
+        """QuotaExceeded when the file and the tenant's files not yet expired pass `quota` bytes (None: no quota,
+        as for the files a batch produces: they are always kept, and count against the tenant's next upload)."""
         with self._db.transaction() as db:
-            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            if quota is not None:
+                held = db.execute("SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM files WHERE tenant = ? AND "
+                                  "expires_at > ?", (tenant, int(time.time()))).fetchone()[0]
+                if held + record["bytes"] > quota:
+                    raise QuotaExceeded(held, record["bytes"])
+            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                        (record["id"], tenant, record["filename"], record["purpose"], record["bytes"],
-                        record["created_at"]))
+                        record["created_at"], record["expires_at"]))
 
     def file(self, tenant: str, file_id: str) -> dict[str, Any] | None:
+        """The file, unless it expired (then it is as gone as a deleted one, before the sweep removes it)."""
         with self._db.transaction() as db:
-            row = db.execute("SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ? AND tenant = ?",
-                             (file_id, tenant)).fetchone()
+            row = db.execute(f"{_FILE} WHERE id = ? AND tenant = ? AND expires_at > ?",
+                             (file_id, tenant, int(time.time()))).fetchone()
         return _file(row) if row else None
 
     def files(self, tenant: str) -> list[dict[str, Any]]:
         with self._db.transaction() as db:
-            rows = db.execute("SELECT id, filename, purpose, bytes, created_at FROM files WHERE tenant = ? "
-                              "ORDER BY created_at DESC, id", (tenant,)).fetchall()
+            rows = db.execute(f"{_FILE} WHERE tenant = ? AND expires_at > ? ORDER BY created_at DESC, id",
+                              (tenant, int(time.time()))).fetchall()
         return [_file(row) for row in rows]
+
+    def expired_files(self, now: int) -> list[str]:
+        """The files expired by `now`, whose contents are to be deleted before their records (forget_files), so
+        that a replica killed in between leaves no content behind without a record."""
+        with self._db.transaction() as db:
+            return [row[0] for row in db.execute("SELECT id FROM files WHERE expires_at <= ?", (now,)).fetchall()]
+
+    def forget_files(self, file_ids: list[str]) -> None:
+        with self._db.transaction() as db:
+            db.executemany("DELETE FROM files WHERE id = ?", [(file_id,) for file_id in file_ids])
 
     def delete_file(self, tenant: str, file_id: str) -> bool:
         with self._db.transaction() as db:
-            return db.execute("DELETE FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)).rowcount > 0
+            return db.execute("DELETE FROM files WHERE id = ? AND tenant = ? AND expires_at > ?",
+                              (file_id, tenant, int(time.time()))).rowcount > 0
 
     # -- batches -------------------------------------------------------------------------------------------
-    def add_batch(self, batch: dict[str, Any], tenant: str, key_id: str, lines: list[Line],
-                  quota: int | None) -> None:
+    def add_batch(self, batch: dict[str, Any], tenant: str, key_id: str, lines: list[Line], quota: int | None,
+                  output_ttl_s: int) -> None:
         """The batch and its lines, together: a batch is never seen without all of its lines. QuotaExceeded
         when its lines and the tenant's lines not yet done pass `quota` (None: no quota); checked in the same
         transaction, so batches made at once cannot pass it together."""
@@ -114,9 +137,9 @@ class BatchStore:
                 if enqueued + batch_tokens > quota:
                     raise QuotaExceeded(enqueued, batch_tokens)
             seq = db.execute("SELECT COALESCE(MAX(created_seq), 0) + 1 FROM batches").fetchone()[0]
-            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        (batch["id"], tenant, key_id, batch["status"], batch["created_at"], batch["expires_at"],
-                        json.dumps(batch), seq))
+                        json.dumps(batch), seq, output_ttl_s))
             db.executemany("INSERT INTO lines (batch_id, line_no, custom_id, request, tokens, state) "
                            "VALUES (?, ?, ?, ?, ?, 'pending')",
                            [(batch["id"], n, line.custom_id, json.dumps(line.request), line.tokens)
@@ -140,10 +163,11 @@ class BatchStore:
             found = [_with_counts(db, json.loads(row[0])) for row in rows[:limit]]
         return found, len(rows) > limit
 
-    def owner_of(self, batch_id: str) -> tuple[str, str]:
+    def owner_of(self, batch_id: str) -> tuple[str, int]:
+        """The batch's tenant, and how long its output and error files are kept."""
         with self._db.transaction() as db:
-            tenant, key_id = db.execute("SELECT tenant, key_id FROM batches WHERE id = ?", (batch_id,)).fetchone()
-        return tenant, key_id
+            tenant, ttl = db.execute("SELECT tenant, output_ttl_s FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return tenant, ttl
 
     def update(self, tenant: str, batch_id: str, **fields: Any) -> dict[str, Any] | None:
         with self._db.transaction() as db:
@@ -298,6 +322,6 @@ def _with_counts(db: Transaction, batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def _file(row: tuple) -> dict[str, Any]:
-    file_id, filename, purpose, size, created_at = row
+    file_id, filename, purpose, size, created_at, expires_at = row
     return {"id": file_id, "object": "file", "bytes": size, "created_at": created_at, "filename": filename,
-            "purpose": purpose, "status": "processed", "expires_at": None, "status_details": None}
+            "purpose": purpose, "status": "processed", "expires_at": expires_at, "status_details": None}
