@@ -249,6 +249,13 @@ class Batch(_Strict):
                     "this file), or a PostgreSQL server as a `postgresql://USER:PASSWORD@HOST:PORT/DB` URL. "
                     "Replicas that share it share the work.",
     )
+    @field_validator("database")
+    @classmethod
+    def _sqlite_or_postgres(cls, value: str) -> str:
+        if "://" in value and not value.startswith(POSTGRES_SCHEMES):
+            raise ValueError("must be a SQLite file's path or a postgresql:// URL")
+        return value
+
     files_dir: Path = Field(
         default=Path("sluice-batch-files"), description="Directory holding uploaded and produced files' contents; "
                                                         "relative to this file.",

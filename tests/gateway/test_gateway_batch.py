@@ -316,6 +316,9 @@ def test_the_batch_settings_are_checked_and_their_paths_follow_the_config(tmp_pa
     assert (settings.database, str(settings.files_dir)) == (str(tmp_path / "sluice-batch.sqlite3"), "/srv/batch")
     path.write_text("batch: {database: 'postgresql://batch@db:5432/sluice'}\n")
     assert load_config(path).batch.database == "postgresql://batch@db:5432/sluice"
+    path.write_text("batch: {database: 'mysql://db/sluice'}\n")
+    with pytest.raises(ConfigError, match="a SQLite file's path or a postgresql:// URL"):
+        load_config(path)
     path.write_text("tenants: [{name: t, keys: [{id: k, sha256: '%s'}], limits: {batch_enqueued_tokens: 0}}]\n" % ("0" * 64))
     with pytest.raises(ConfigError, match="batch_enqueued_tokens"):
         load_config(path)
@@ -635,3 +638,14 @@ def test_gateways_killed_during_a_batch_lose_no_line_and_answer_none_twice(datab
         assert len(ran & answered_by) >= 4 and len(ran - answered_by) <= 2
     assert ran_by_last <= answered_by
     assert sum(len(ran & answered_by) for ran in [*ran_by_killed, ran_by_last]) == 24
+
+
+def test_a_database_that_cannot_be_reached_is_an_openai_error_not_a_crash(routes, tmp_path):
+    settings = config(tmp_path)
+    settings["batch"]["database"] = "postgresql://sluice:secret-word@127.0.0.1:1/sluice"  # nothing listens there
+    with run_gateway(settings, routes, tmp_path) as gateway:
+        with pytest.raises(openai.InternalServerError) as down:
+            client(gateway, BOB).files.list()
+        assert down.value.status_code == 503 and down.value.body["code"] == "batch_store_unavailable"
+        assert gateway.metric("sluice_gateway_ready") == 1  # online traffic does not depend on it
+        assert "secret-word" not in gateway.log_text() and "sluice:***@127.0.0.1:1" in gateway.log_text()

@@ -18,7 +18,7 @@ from ..auth import Principal
 from ..config import Batch
 from ..errors import GatewayError
 from ..metrics import GatewayMetrics
-from .database import STORE_ERRORS
+from .database import STORE_ERRORS, shown
 from .file_contents import FileContents
 from .input_lines import read_lines
 from .line_cost import line_tokens
@@ -54,7 +54,7 @@ class BatchApi:
             return await self._serve(method, path, query, principal, content_type, body)
         except STORE_ERRORS as exc:
             # The database or the files' directory (a volume) cannot be used: the operator's to fix, so logged.
-            log.error("batch store %s / %s: %s", self.settings.database, self.settings.files_dir, exc)
+            log.error("batch store %s / %s: %s", shown(self.settings.database), self.settings.files_dir, exc)
             raise GatewayError(503, "the batch store is unavailable; try again later",
                                code="batch_store_unavailable") from None
 

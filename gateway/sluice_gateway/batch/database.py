@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -43,6 +44,16 @@ class Database(Protocol):
     def exists(self) -> bool: ...
 
     def transaction(self) -> contextlib.AbstractContextManager[Transaction]: ...
+
+
+def shown(location: str) -> str:
+    """The location as logs may show it: a URL's password left out."""
+    if not location.startswith(POSTGRES_SCHEMES):
+        return location
+    parts = urlsplit(location)
+    if parts.password is None:
+        return location
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 def open_database(location: str, schema: str) -> Database:
