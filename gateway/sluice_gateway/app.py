@@ -8,6 +8,8 @@ The lines of OpenAI batches (batch/) take the same path from the batch executor,
 priority class, outside its online limits; each has its own request id, and its batch's id as its client's.
 The request travels as one RequestContext, with its budget (budget.py: its client's timeout), which bounds both
 holds and the retries and goes upstream as what is left of it.
+With OTEL_* tracing configured (tracing_setup.py), each proxied request is a trace of spans, one per step
+(request_spans.py).
 Every response carries `x-request-id` and `x-sluice-overhead-ms`; every proxied request writes one JSON
 access-log line (access_record.py; with the key's id, never the key), one audit record (audit/) and adds what it
 used to the usage counters (usage/), which admin keys read at `GET /v1/usage`.
@@ -27,6 +29,7 @@ from urllib.parse import parse_qsl
 
 from sluice_contracts import request_id, trace_context
 from sluice_contracts.routing_table import Route, RoutingTable
+from sluice_contracts.tracing_environment import TracingSettingsError
 
 from .access_record import UNKNOWN_ROUTE, record
 from .adapted_api import AdaptedSend, Stopped
@@ -60,9 +63,11 @@ from .priority_hold import PriorityHold
 from .relay import error_event
 from .request import parse_request_off_loop, stop_parser, warm_parser
 from .request_context import RequestContext
+from .request_spans import OPERATIONS, RequestSpans
 from .response_store import ResponseStore
 from .responses_api import ResponsesAdapter, cancel, delete, stored
 from .routing_table import max_model_len, permitted_routes, starting_models
+from .tracing_setup import tracing_from_environment
 from .usage.counts import Cell, hour_of, request_counts
 from .usage.memory_store import MemoryUsage
 from .usage.query import parse_query
@@ -114,6 +119,11 @@ class GatewayApp:
 
     def __init__(self, config_path: Path, routes_path: Path | None = None) -> None:
         self.metrics = GatewayMetrics()
+        try:
+            self.tracing = tracing_from_environment()
+        except TracingSettingsError as exc:
+            raise SystemExit(f"sluice-gateway: {exc}") from None  # a start-up setting: the message, no traceback
+        self._tracer = self.tracing.get_tracer("sluice_gateway") if self.tracing is not None else None
         self.metrics.ready.set_function(lambda: 1 if self.not_ready_reason() is None else 0)
         self.table = RoutingTable()
         self._started = False
@@ -246,6 +256,8 @@ class GatewayApp:
         await self.usage.close()  # before the limiter's: it writes on the limiter's connection
         await self.limiter.close()
         self.audit.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     # -- ASGI --------------------------------------------------------------------------------------------
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -273,17 +285,24 @@ class GatewayApp:
         own_id = next(_request_ids)
         client_id = headers.get(b"x-request-id")
         client_id = client_id if client_id and request_id.BYTES.match(client_id) else None
-        trace = _trace(scope["headers"])
+        client_trace = _client_trace(scope["headers"])
+        trace = client_trace or trace_context.new_trace()
         path, method = scope["path"], scope["method"]
         adapted = _ADAPTED.get(path)
         kind = _PROXIED.get(path) or ("chat" if adapted else None)
         send = DeadlinedSend(send, scope, self.config.timeouts.client_send_s)
         if kind is not None and method == "POST":
+            spans = None
+            if self._tracer is not None:
+                spans = RequestSpans(self._tracer, client_trace, f"{method} {path}")
+                trace = spans.trace
             ctx = RequestContext(kind, path, own_id, client_id, started, Admission(self.limiter, self.metrics),
                                  budget_s=client_budget(scope["headers"]), trace=trace,
                                  response_headers=[(b"x-request-id", client_id or own_id),
                                                    (b"x-sluice-request-id", own_id),
                                                    (_TRACE_ID, trace.trace_id.encode())])
+            if spans is not None:
+                ctx.spans = spans
             proxied_send: Send = send
             if adapted == "responses":
                 ctx.adapter = ResponsesAdapter(self.responses, lambda: ctx.tenant, self.running_responses)
@@ -430,6 +449,8 @@ class GatewayApp:
             await ctx.admission.settle(ctx.outcome.prompt_tokens, ctx.outcome.completion_tokens, ctx.outcome.status)
             record(ctx, self.metrics, self.config.access_log, batch_id)
             self._account(ctx, watch, mode, source, admitted)
+            if ctx.spans.root.is_recording():
+                _end_request_span(ctx, watch.error_code)
 
     def _account(self, ctx: RequestContext, watch: AnswerWatch, mode: str, source: str | None,
                  admitted: bool) -> None:
@@ -449,7 +470,10 @@ class GatewayApp:
         """Auth, body, parse, then admission; then held while the model has no endpoint, picked and forwarded.
         A batch line comes with its principal and body."""
         if ctx.principal is None:
-            ctx.principal = require_principal(self.keys, headers)
+            with ctx.spans.step("auth") as span:
+                ctx.principal = require_principal(self.keys, headers)
+                if span.is_recording():
+                    span.set_attributes({"sluice.tenant": ctx.principal.tenant, "sluice.key_id": ctx.principal.key_id})
         if ctx.principal.admin:
             # An admin key opens /admin/*; were it also an inference key it would be one with no limits.
             raise GatewayError(403, "admin keys may not call the inference API; use a tenant's key",
@@ -480,11 +504,15 @@ class GatewayApp:
                     return not starting_models(permitted_routes(
                         self.table, parsed.model, ctx.principal.may_use, ctx.kind, ctx.path))
 
-                await self.hold.wait(ctx, models, ready, send)
+                with ctx.spans.step("cold start hold") as span:
+                    await self.hold.wait(ctx, models, ready, send)
+                    if span.is_recording():
+                        span.set_attributes({"sluice.hold.models": list(models),
+                                             "sluice.hold.wait_ms": round((ctx.outcome.held_s or 0) * 1000, 3)})
             rank = ctx.principal.rank
             await self.priority_hold.wait(rank, self.config.priority, lambda: self.picker.saturated(
                 self.table, parsed.model, ctx.principal.may_use, ctx.kind), model=parsed.model, tenant=ctx.tenant,
-                budget_left=ctx.budget_left, outcome=ctx.outcome)
+                budget_left=ctx.budget_left, outcome=ctx.outcome, spans=ctx.spans)
             attempts = self.picker.plan(self.table, parsed.model, prefix=prefix, session=sticky,
                                         allowed=ctx.principal.may_use, task=ctx.kind, prefer_idle=rank.urgency < 0,
                                         budget_left=ctx.budget_left)
@@ -494,11 +522,22 @@ class GatewayApp:
 
     async def _admit(self, ctx: RequestContext, table: RoutingTable) -> list[tuple[str, Route]]:
         """The routes the request may take, once it is known to fit a backend's context and the tenant's limits."""
-        routes = permitted_routes(table, ctx.parsed.model, ctx.principal.may_use, ctx.kind, ctx.path)
+        with ctx.spans.step("route") as span:
+            routes = permitted_routes(table, ctx.parsed.model, ctx.principal.may_use, ctx.kind, ctx.path)
+            if span.is_recording():
+                span.set_attributes({"gen_ai.request.model": ctx.parsed.model,
+                                     "sluice.routes": [name for name, _ in routes],
+                                     "sluice.backends": [b.name for _, route in routes for b in route.backends]})
         context = max_model_len(routes)
         check_context(ctx.parsed, context)  # before any limit: a request that can never fit is not to be retried
         reservation = reserve(ctx.parsed, context, self.config.default_max_tokens)
-        await ctx.admission.admit(ctx.principal, reservation, ctx.parsed.payload, ctx.response_headers)
+        with ctx.spans.step("limits") as span:
+            if span.is_recording():
+                span.set_attributes({"sluice.reservation.tokens": reservation.tokens,
+                                     "sluice.reservation.max_tokens": reservation.max_tokens})
+            await ctx.admission.admit(ctx.principal, reservation, ctx.parsed.payload, ctx.response_headers)
+            if span.is_recording():
+                span.set_attribute("sluice.reservation.granted_tokens", ctx.admission.grant.reserved_tokens)
         return routes
 
     async def _until_disconnect(
@@ -529,11 +568,32 @@ class GatewayApp:
             watcher.cancel()
 
 
-def _trace(raw_headers: list[tuple[bytes, bytes]]) -> trace_context.TraceContext:
-    """The client's trace context when valid, else a new trace (never an error)."""
+def _client_trace(raw_headers: list[tuple[bytes, bytes]]) -> trace_context.TraceContext | None:
+    """The client's trace context when valid (else the gateway starts one: never an error)."""
     parents = [value.decode("latin-1") for name, value in raw_headers if name == _TRACEPARENT]
     states = [value.decode("latin-1") for name, value in raw_headers if name == _TRACESTATE]
-    return trace_context.read_or_start(parents, states)
+    return trace_context.read(parents, states)
+
+
+def _end_request_span(ctx: RequestContext, error_code: str | None) -> None:
+    """The server span's attributes, from the request's outcome (never its prompt or completion), and its end."""
+    outcome, root = ctx.outcome, ctx.spans.root
+    attributes: dict[str, Any] = {"http.response.status_code": outcome.status,
+                                  "gen_ai.operation.name": OPERATIONS.get(ctx.kind, ctx.kind),
+                                  "sluice.request_id": ctx.request_id.decode(), "sluice.attempts": outcome.attempts}
+    for name, value in (("gen_ai.request.model", ctx.parsed.model if ctx.parsed else None),
+                        ("sluice.tenant", ctx.tenant or None), ("sluice.route", outcome.route or None),
+                        ("sluice.backend", outcome.backend or None), ("sluice.model_version", outcome.model_version),
+                        ("gen_ai.usage.input_tokens", outcome.prompt_tokens),
+                        ("gen_ai.usage.output_tokens", outcome.completion_tokens),
+                        ("sluice.held_ms", None if outcome.held_s is None else round(outcome.held_s * 1000, 3)),
+                        ("error.type", error_code)):
+        if value is not None:
+            attributes[name] = value
+    if outcome.finish_reason:
+        attributes["gen_ai.response.finish_reasons"] = [outcome.finish_reason]
+    root.set_attributes(attributes)
+    ctx.spans.end()
 
 
 class _Captured:

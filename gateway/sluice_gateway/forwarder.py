@@ -11,8 +11,9 @@ one side and not yet by the other). They also get the tenant's priority, name an
 sluice_contracts.request_priority, from gateway.yaml, whatever the client sent, and what is left of the request's
 budget (budget.py) in the header of sluice_contracts.request_deadline, never the client's own timeout headers.
 
-Each attempt carries the client's trace (sluice_contracts.trace_context) under a span of its own. The backend that
-answers names its model version on the answer (version_stamp.py).
+Each attempt carries the client's trace (sluice_contracts.trace_context) under a span of its own: with tracing on,
+the attempt's span (request_spans.py), which lasts until its answer is relayed. The backend that answers names
+its model version on the answer (version_stamp.py).
 
 A runtime's refusal for a budget it cannot meet (or one that passed while queued) is tried on the next endpoint
 only while some of the budget is left; the client gets the last refusal as the runtime sent it (its code and
@@ -26,9 +27,12 @@ import time
 from collections.abc import Iterator
 from itertools import islice
 
+from opentelemetry.trace import SpanKind
+
 from sluice_contracts import prompt_reservation, request_deadline, request_priority, runtime_credential
 from sluice_contracts.model_version import HEADER as VERSION_HEADER
 from sluice_contracts.model_version import PATTERN, fingerprint
+from sluice_contracts.trace_context import TraceContext
 
 from .budget import budget_passed
 from .config import Timeouts
@@ -77,8 +81,11 @@ class Forwarder:
             attempt.endpoint.in_flight += 1
             backend_in_flight = self._metrics.backend_in_flight.labels(attempt.backend.name)
             backend_in_flight.inc()
+            span = ctx.spans.step("upstream attempt", SpanKind.CLIENT)
             try:
-                answer = await self._try(ctx, attempt, deadline)
+                answer = await self._try(ctx, attempt, deadline, ctx.spans.upstream(span, ctx.trace))
+                if span.is_recording():
+                    _describe(span, ctx, attempt, answer)
                 if isinstance(answer, GatewayError):
                     last_refusal = answer
                     continue
@@ -89,12 +96,13 @@ class Forwarder:
                 await self._relay.relay(ctx, resp, headers_at, deadline, send)
                 return
             finally:
+                span.end()
                 attempt.endpoint.in_flight -= 1
                 backend_in_flight.dec()
         raise last_refusal or _nothing_answered(ctx.outcome.attempts)
 
     async def _try(
-        self, ctx: RequestContext, attempt: Attempt, deadline: float,
+        self, ctx: RequestContext, attempt: Attempt, deadline: float, trace: TraceContext,
     ) -> tuple[UpstreamResponse, float] | GatewayError | None:
         """One endpoint: its response and when its headers came; the error to answer if no other endpoint does;
         or None when it could not be reached."""
@@ -110,11 +118,11 @@ class Forwarder:
             outcome.overhead_s = time.perf_counter() - ctx.started
         sent_at = time.perf_counter()
         credential = self._credential.header
-        resp = await self._send(ctx, attempt, body, credential, deadline)
+        resp = await self._send(ctx, attempt, body, credential, deadline, trace)
         if resp is not None and resp.status == 401 and (other := self._credential.after_refusal(credential)):
             resp.close()  # a rotation one side has seen and the other not yet: the same endpoint, the other one
             sent_at = time.perf_counter()
-            resp = await self._send(ctx, attempt, body, other, deadline)
+            resp = await self._send(ctx, attempt, body, other, deadline, trace)
         if resp is None:
             return None
         headers_at = time.perf_counter()
@@ -123,6 +131,7 @@ class Forwarder:
 
     async def _send(
         self, ctx: RequestContext, attempt: Attempt, body: bytes, credential: str | None, deadline: float,
+        trace: TraceContext,
     ) -> UpstreamResponse | None:
         """The response once its headers are in; None if the endpoint could not be reached or answered garbage."""
         rank = ctx.principal.rank
@@ -136,7 +145,7 @@ class Forwarder:
             prompt_reservation.HEADER: prompt_reservation.header_value(ctx.parsed.reserved_prompt_tokens),
         }
         # The client's trace, with this attempt as the parent span: a retry's attempts are siblings in one trace.
-        headers.update(ctx.trace.child().headers())
+        headers.update(trace.headers())
         if credential is not None:
             headers[runtime_credential.HEADER] = credential
         left = ctx.budget_left()
@@ -203,6 +212,21 @@ class Forwarder:
     def _failed(self, attempt: Attempt, kind: str) -> None:
         self._picker.report_failure(attempt.endpoint)
         self._metrics.upstream_errors.labels(attempt.backend.name, kind).inc()
+
+
+def _describe(span, ctx: RequestContext, attempt: Attempt, answer) -> None:
+    """An attempt's span: what the picker chose and why, and how the endpoint answered."""
+    reason = ("fallback" if attempt.route != ctx.parsed.model else "retry" if ctx.outcome.attempts > 1
+              else "first choice")
+    span.set_attributes({"sluice.attempt": ctx.outcome.attempts, "sluice.route": attempt.route,
+                         "sluice.backend": attempt.backend.name, "server.address": attempt.endpoint.url,
+                         "sluice.pick.reason": reason})
+    if answer is None:
+        span.set_attribute("error.type", "unreachable")
+    elif isinstance(answer, GatewayError):
+        span.set_attributes({"error.type": answer.code or "upstream_error", "http.response.status_code": answer.status})
+    else:
+        span.set_attribute("http.response.status_code", answer[0].status)
 
 
 def _nothing_answered(attempts: int) -> GatewayError:

@@ -22,6 +22,7 @@ from .fair_holds import FairHolds
 from .metrics import GatewayMetrics
 from .picker import Picker
 from .request_context import Outcome
+from .request_spans import NO_SPANS
 
 
 class PriorityHold:
@@ -32,9 +33,10 @@ class PriorityHold:
 
     async def wait(self, rank: Rank, settings: Priority, saturated: Callable[[], bool], *, model: str,
                    tenant: str, budget_left: Callable[[], float | None] = lambda: None,
-                   outcome: Outcome | None = None) -> None:
+                   outcome: Outcome | None = None, spans=NO_SPANS) -> None:
         """Returns once the request may be forwarded; raises the 503 it gets otherwise (at once when its budget,
-        `budget_left` seconds, runs out first). A wait is added to the `outcome`'s held time, forwarded or not."""
+        `budget_left` seconds, runs out first). A wait is added to the `outcome`'s held time, forwarded or not,
+        and is a span of the request's `spans` (request_spans.py)."""
         if rank.urgency <= 0 or not saturated():
             return
         if settings.hold_s == 0:
@@ -51,6 +53,7 @@ class PriorityHold:
         self._held.add(model, tenant)
         held.inc()
         started = loop.time()
+        span = spans.step("priority hold")
         try:
             while saturated():
                 now = loop.time()
@@ -66,6 +69,10 @@ class PriorityHold:
             held.dec()
             if outcome is not None:
                 outcome.held_s = (outcome.held_s or 0.0) + loop.time() - started
+            if span.is_recording():
+                span.set_attributes({"sluice.priority_class": rank.priority_class,
+                                     "sluice.hold.wait_ms": round((loop.time() - started) * 1000, 3)})
+            span.end()
 
     def _shed(self, rank: Rank, settings: Priority, what: str) -> None:
         self._metrics.priority_shed.labels(rank.priority_class).inc()

@@ -55,6 +55,7 @@ from .served_version import ServedVersion
 from .serving import GenerationServing
 from .settings import ServerSettings
 from .structured_output import GrammarCompiler
+from .tracing_setup import tracing_from_environment
 
 log = logging.getLogger("sluice.server")
 
@@ -147,12 +148,15 @@ class Runtime:
 
 def build_app(engine, settings: ServerSettings) -> FastAPI:
     rt = Runtime(engine, settings)
+    tracing = tracing_from_environment()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await rt.warm_up()
         yield
         engine.shutdown()
+        if tracing is not None:
+            tracing.shutdown()
 
     app = FastAPI(title="Sluice runtime", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible inference server for one model replica.")
@@ -160,7 +164,7 @@ def build_app(engine, settings: ServerSettings) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes,
                        lifecycle=rt.lifecycle, metrics=rt.metrics, credential=settings.credential,
-                       model_version=rt.version.version)
+                       model_version=rt.version.version, tracing=tracing)
     for route in _generation_routes(rt) + _model_routes(rt) + _lora_routes(rt) + _operational_routes(rt):
         _register(app, route)
     return app

@@ -143,6 +143,7 @@ class GenerationRunner:
         record.finish_reasons.extend(reasons)
         m = out.metrics
         if record.queue_s is None and m.first_scheduled_time is not None:
+            record.engine_metrics = m
             record.queue_s = round(m.first_scheduled_time - m.arrival_time, 4)
             if m.first_token_time is not None:
                 record.prefill_s = round(m.first_token_time - m.first_scheduled_time, 4)

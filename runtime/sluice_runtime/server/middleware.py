@@ -1,5 +1,5 @@
 """The outermost layer of every request: request id, trace context, body size limit, drain gate, last-resort
-errors, log line.
+errors, log line, and with tracing on the request's spans (request_spans.py), once it has ended.
 
 Written as plain ASGI rather than Starlette's BaseHTTPMiddleware so that streamed responses pass
 straight through and a client disconnect still reaches the handler.
@@ -17,6 +17,7 @@ from sluice_contracts.runtime_credential import OPEN_PATHS
 from .disconnect import ClientDisconnected, ClientStalled
 from .errors import APIError, internal_error, shutting_down, unauthorized
 from .request_log import RequestRecord
+from .request_spans import ResponseTimes, emit
 
 log = logging.getLogger("sluice.server")
 
@@ -31,8 +32,10 @@ class _BodyTooLarge(Exception):
 
 
 class RequestContextMiddleware:
-    def __init__(self, app, *, max_body_bytes: int, lifecycle, metrics, credential=None, model_version: str):
+    def __init__(self, app, *, max_body_bytes: int, lifecycle, metrics, credential=None, model_version: str,
+                 tracing=None):
         self.app = app
+        self._tracing = tracing
         self._version = (_VERSION, model_version.encode())
         self._credential = credential
         self._max_body = max_body_bytes
@@ -49,6 +52,10 @@ class RequestContextMiddleware:
         state["request_id"] = record.request_id
         state["record"] = record
         started = time.monotonic()
+        response = arrived_ns = None
+        if self._tracing is not None and record.path not in OPEN_PATHS:
+            response, arrived_ns = ResponseTimes(), time.time_ns()
+            send = _timing(send, response)
         try:
             await self._serve(scope, receive, _sending_request_id(send, record, self._version), headers, record)
         finally:
@@ -58,6 +65,8 @@ class RequestContextMiddleware:
                     record.status = 499
                 self._metrics.observe_http(_endpoint(record.path), record.status or 0)
                 record.emit()
+                if response is not None:
+                    emit(self._tracing, record, _caller_trace(scope), arrived_ns, time.time_ns(), response)
 
     async def _serve(self, scope, receive, send, headers: dict[str, str], record: RequestRecord) -> None:
         """The route's answer, or the refusal or error that takes its place; record.status is set once a
@@ -124,6 +133,19 @@ def _sending_request_id(send, record: RequestRecord, version: tuple[bytes, bytes
     return send_with_id
 
 
+def _timing(send, times: ResponseTimes):
+    """`send` that notes when the response's headers and each body chunk went to the client (with tracing on)."""
+    async def timed_send(message):
+        await send(message)
+        if message["type"] == "http.response.start":
+            times.started_ns = time.time_ns()
+        elif message["type"] == "http.response.body":
+            times.last_ns = time.time_ns()
+            times.chunks += 1
+
+    return timed_send
+
+
 def _limited(receive, max_body: int):
     """`receive` that stops a body growing past `max_body`, whatever its content-length said."""
     received = 0
@@ -146,13 +168,17 @@ def _new_record(scope, headers: dict[str, str]) -> RequestRecord:
     the request to stream to and to abort."""
     client_id = headers.get("x-request-id", "")
     # The caller's trace (the gateway's attempt is its parent span), else one of its own: every line names one.
-    raw = scope.get("headers", [])
-    trace = trace_context.read([v.decode("latin-1") for k, v in raw if k == _TRACEPARENT],
-                               [v.decode("latin-1") for k, v in raw if k == _TRACESTATE])
+    trace = _caller_trace(scope)
     return RequestRecord(request_id=f"req-{uuid.uuid4().hex}", method=scope["method"], path=scope["path"],
                          client_request_id=client_id if request_id.TEXT.match(client_id) else None,
                          trace_id=(trace or trace_context.new_trace()).trace_id,
                          parent_span_id=trace.parent_id if trace else None)
+
+
+def _caller_trace(scope) -> trace_context.TraceContext | None:
+    raw = scope.get("headers", [])
+    return trace_context.read([v.decode("latin-1") for k, v in raw if k == _TRACEPARENT],
+                              [v.decode("latin-1") for k, v in raw if k == _TRACESTATE])
 
 
 def _int(value: str | None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 log = logging.getLogger("sluice.requests")
 
@@ -34,9 +35,12 @@ class RequestRecord:
     total_s: float | None = None
     # Only with --log-prompts: prompts can hold personal data.
     prompt: str | None = None
+    # The engine's timestamps of its first sequence (engine.outputs.RequestMetrics), for the request's spans
+    # (request_spans.py); not logged: queue_s, prefill_s and decode_s are their log fields.
+    engine_metrics: Any = None
 
     def emit(self) -> None:
-        fields = {k: v for k, v in asdict(self).items() if v is not None and v != []}
+        fields = {k: v for k, v in asdict(self).items() if v is not None and v != [] and k != "engine_metrics"}
         line = json.dumps(fields, ensure_ascii=False, default=str)
         try:
             line.encode("utf-8")

@@ -1,0 +1,331 @@
+"""OpenTelemetry traces from the real gateway and runtime, exported over OTLP/HTTP (the standard OTEL_* environment)
+to a receiver this module runs, which decodes them with opentelemetry-proto: one trace per request, from the
+gateway's steps to the engine's, for a streamed chat, a retried request and one held while its model starts;
+and nothing exported, no SDK loaded, when tracing is not configured."""
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import openai
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from fixtures.gateway import RUNTIME_ARGS, backend, gateway_config, key_entry, run_gateway, table
+from sluice_contracts.tracing_environment import TracingSettingsError, otlp_protocol
+
+pytestmark = pytest.mark.integration
+
+KEY = "sk-traces-tara"
+TRACE = "5bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "10f067aa0ba902b7"
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 3}
+GATEWAY_STEPS = ["auth", "route", "limits", "upstream attempt"]
+
+
+class Receiver:
+    """An OTLP/HTTP trace endpoint: every span it was sent, as plain dicts."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+                for resource_spans in request.resource_spans:
+                    service = _attributes(resource_spans.resource.attributes)["service.name"]
+                    for scope_spans in resource_spans.scope_spans:
+                        receiver.spans.extend(_span(service, span) for span in scope_spans.spans)
+                body = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def trace(self, trace_id: str, until, timeout: float = 20) -> list[dict]:
+        """The trace's spans, by start time, once `until(spans)` holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            spans = sorted((s for s in self.spans if s["trace_id"] == trace_id), key=lambda s: s["start"])
+            if until(spans):
+                return spans
+            assert time.monotonic() < deadline, f"trace {trace_id} incomplete: {[s['name'] for s in spans]}"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._server.shutdown()
+
+
+def _span(service: str, span) -> dict:
+    return {"service": service, "name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
+            "parent": span.parent_span_id.hex(), "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
+            "attributes": _attributes(span.attributes)}
+
+
+def _attributes(pairs) -> dict:
+    def value(any_value):
+        kind = any_value.WhichOneof("value")
+        if kind == "array_value":
+            return [value(v) for v in any_value.array_value.values]
+        return getattr(any_value, kind)
+    return {pair.key: value(pair.value) for pair in pairs}
+
+
+class Refusing:
+    """An endpoint that reports the runtime's load as its own (so it stays in rotation) and refuses every request
+    with 503, as a runtime shedding load does: the gateway tries the next one."""
+
+    def __init__(self, runtime_url: str) -> None:
+        load = httpx.get(f"{runtime_url}/load", timeout=5).content
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # kept alive, as the gateway's pool expects of an upstream
+
+            def do_GET(self) -> None:
+                self._answer(200, load)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["content-length"]))
+                self._answer(503, b'{"error": {"message": "shedding", "type": "server_error", "code": "shed"}}')
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+
+
+def otel_environment(receiver: Receiver, service: str) -> dict:
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_SERVICE_NAME": service, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def traced_runtime(receiver, tiny_model_dir):
+    from fixtures.runtime_server import start_runtime_server
+
+    env = {**os.environ, **otel_environment(receiver, "test-runtime")}
+    with start_runtime_server(*RUNTIME_ARGS, model=str(tiny_model_dir), timeout=240, env=env) as runtime:
+        yield runtime
+
+
+def routes(runtime_url: str, refusing_url: str, generation: int = 1, cold: tuple[str, ...] = ()) -> dict:
+    # "flaky" is first tried on an endpoint that refuses, then on its fallback; "cold" has no endpoint until it starts.
+    return table(generation, tiny={"backends": [backend("tiny-im", runtime_url)]},
+                 flaky={"backends": [backend("refusing", refusing_url)], "fallbacks": ["tiny"]},
+                 cold={"backends": [backend("cold-im", *cold)]})
+
+
+def config() -> dict:
+    return gateway_config([{"name": "tara", "keys": [key_entry("tara-ci", KEY)]}], routing={"reload_interval_s": 0.1},
+                          shutdown={"ready_grace_s": 0})
+
+
+@pytest.fixture(scope="module")
+def refusing(traced_runtime):
+    refusing = Refusing(traced_runtime.url)
+    yield refusing
+    refusing.close()
+
+
+@pytest.fixture(scope="module")
+def traced_gateway(receiver, traced_runtime, refusing, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in otel_environment(receiver, "test-gateway").items():
+            env.setenv(name, value)
+        gateway = run_gateway(config(), routes(traced_runtime.url, refusing.url),
+                              tmp_path_factory.mktemp("traced-gateway"))
+        with gateway as running:
+            env.undo()
+            yield running
+
+
+def api(gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def named(spans: list[dict], name: str, service: str) -> list[dict]:
+    return [s for s in spans if s["name"] == name and s["service"] == service]
+
+
+def complete(spans: list[dict]) -> bool:
+    return bool(named(spans, "stream", "test-runtime")) and bool(named(spans, "POST /v1/chat/completions",
+                                                                       "test-gateway"))
+
+
+def test_a_streamed_chat_is_one_trace_from_the_gateways_steps_to_the_engines(traced_gateway, receiver):
+    stream = api(traced_gateway).chat.completions.with_raw_response.create(
+        **CHAT, stream=True, extra_headers={"traceparent": f"00-{TRACE}-{CLIENT_SPAN}-01"})
+    assert [c.choices[0].finish_reason for c in stream.parse() if c.choices][-1] == "length"
+    assert stream.headers["x-sluice-trace-id"] == TRACE
+    spans = receiver.trace(TRACE, complete)
+
+    server, = named(spans, "POST /v1/chat/completions", "test-gateway")
+    assert server["parent"] == CLIENT_SPAN, "the gateway's span is a child of the client's"
+    steps = [s for s in spans if s["parent"] == server["span_id"]]
+    assert [s["name"] for s in steps] == GATEWAY_STEPS
+    assert all(server["start"] <= s["start"] <= s["end"] <= server["end"] for s in steps)
+    auth, route, limits, attempt = steps
+    assert auth["attributes"] == {"sluice.tenant": "tara", "sluice.key_id": "tara-ci"}
+    assert route["attributes"]["sluice.backends"] == ["tiny-im"]
+    assert limits["attributes"]["sluice.reservation.granted_tokens"] == limits["attributes"]["sluice.reservation.tokens"]
+    assert attempt["attributes"] | {"server.address": "?"} == {
+        "sluice.attempt": 1, "sluice.route": "tiny", "sluice.backend": "tiny-im", "server.address": "?",
+        "sluice.pick.reason": "first choice", "http.response.status_code": 200}
+    assert server["attributes"]["gen_ai.request.model"] == "tiny"
+    assert server["attributes"]["gen_ai.operation.name"] == "chat"
+    assert server["attributes"]["gen_ai.response.finish_reasons"] == ["length"]
+    assert server["attributes"]["gen_ai.usage.output_tokens"] == 3
+
+    # The runtime's spans sit under the attempt: its span id is the parent the runtime was sent.
+    runtime, = named(spans, "POST /v1/chat/completions", "test-runtime")
+    assert runtime["parent"] == attempt["span_id"] and attempt["start"] <= runtime["start"] <= runtime["end"]
+    engine = [s for s in spans if s["parent"] == runtime["span_id"]]
+    assert [s["name"] for s in engine] == ["queue", "prefill", "decode", "stream"]
+    queue, prefill, decode, streamed = engine
+    assert queue["end"] <= prefill["start"] <= prefill["end"] <= decode["start"] <= decode["end"] <= streamed["end"]
+    prompt_tokens = runtime["attributes"]["gen_ai.usage.input_tokens"]
+    assert prefill["attributes"]["sluice.prefill.tokens"] == prompt_tokens > 0
+    assert prefill["attributes"]["gen_ai.usage.cache_read.input_tokens"] >= 0
+    assert decode["attributes"] == {"sluice.decode.tokens": 3, "sluice.decode.preemptions": 0}
+    assert streamed["attributes"]["sluice.stream.chunks"] >= 3
+    assert runtime["attributes"]["gen_ai.usage.output_tokens"] == 3
+    # No prompt or completion text in any span.
+    assert not any("Hi there" in str(s["attributes"]) for s in spans)
+
+
+def test_a_retried_request_has_an_attempt_span_per_endpoint_and_the_engines_under_the_one_that_answered(
+        traced_gateway, receiver):
+    answer = api(traced_gateway).chat.completions.with_raw_response.create(**{**CHAT, "model": "flaky"})
+    trace_id = answer.headers["x-sluice-trace-id"]
+    spans = receiver.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime"))
+                           and bool(named(spans, "POST /v1/chat/completions", "test-gateway")))
+
+    server, = named(spans, "POST /v1/chat/completions", "test-gateway")
+    assert server["parent"] == "", "a trace the gateway started"
+    first, second = named(spans, "upstream attempt", "test-gateway")
+    assert first["parent"] == second["parent"] == server["span_id"], "retries are siblings"
+    assert first["end"] <= second["start"]
+    assert first["attributes"]["sluice.backend"] == "refusing"
+    assert (first["attributes"]["http.response.status_code"], first["attributes"]["error.type"]) == (503, "upstream_error")
+    assert second["attributes"]["sluice.backend"] == "tiny-im"
+    assert second["attributes"]["sluice.pick.reason"] == "fallback"
+    runtime, = named(spans, "POST /v1/chat/completions", "test-runtime")
+    assert runtime["parent"] == second["span_id"]
+    assert server["attributes"]["sluice.attempts"] == 2
+
+
+def test_a_request_held_while_its_model_starts_has_a_hold_span(traced_gateway, traced_runtime, refusing, receiver):
+    answers: list = []
+    held = threading.Thread(target=lambda: answers.append(
+        api(traced_gateway).chat.completions.with_raw_response.create(**{**CHAT, "model": "cold"})))
+    held.start()
+    deadline = time.monotonic() + 30
+    while traced_gateway.metric("sluice_gateway_held_requests", backend="cold-im") != 1:
+        assert time.monotonic() < deadline, "the request was never held"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    traced_gateway.write_routes(routes(traced_runtime.url, refusing.url, 2, cold=(traced_runtime.url,)))
+    held.join(timeout=60)
+    trace_id = answers[0].headers["x-sluice-trace-id"]
+    spans = receiver.trace(trace_id, lambda spans: bool(named(spans, "POST /v1/chat/completions", "test-gateway")))
+
+    server, = named(spans, "POST /v1/chat/completions", "test-gateway")
+    steps = [s["name"] for s in spans if s["parent"] == server["span_id"]]
+    assert steps == ["auth", "route", "limits", "cold start hold", "upstream attempt"]
+    hold, = named(spans, "cold start hold", "test-gateway")
+    assert hold["attributes"]["sluice.hold.models"] == ["cold-im"]
+    assert hold["attributes"]["sluice.hold.wait_ms"] >= 300
+    assert hold["end"] - hold["start"] >= 300e6
+    assert server["attributes"]["sluice.held_ms"] >= 300
+
+
+def test_without_otel_settings_nothing_is_exported_and_no_sdk_is_set_up(traced_runtime, refusing, receiver,
+                                                                       tmp_path):
+    # A gateway without OTEL_* (the traced runtime still has its own): the client's sampled trace reaches the
+    # runtime, whose spans are exported, and none of the gateway's.
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    trace_id = "6bf92f3577b34da6a3ce929d0e0e4736"
+    with pytest.MonkeyPatch.context() as env:
+        for name in set(os.environ) - set(plain):
+            env.delenv(name)
+        with run_gateway(config(), routes(traced_runtime.url, refusing.url), tmp_path / "plain") as gateway:
+            api(gateway).chat.completions.create(
+                **CHAT, extra_headers={"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"})
+            spans = receiver.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime")))
+            time.sleep(0.3)  # past the batch delay a traced gateway would export after
+    assert {s["service"] for s in receiver.spans if s["trace_id"] == trace_id} == {"test-runtime"}
+    assert spans[0]["parent"] not in ("", CLIENT_SPAN), "under the gateway's hop"
+
+    # Nor is the tracing SDK loaded: both components' set-up, from an environment with no OTEL_*.
+    probe = ("import sys; from sluice_gateway.tracing_setup import tracing_from_environment as g; "
+             "from sluice_runtime.server.tracing_setup import tracing_from_environment as r; "
+             "assert g() is None and r() is None; "
+             "from opentelemetry import trace; assert type(trace.get_tracer_provider()).__name__ == "
+             "'ProxyTracerProvider'; print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk.trace')))")
+    out = subprocess.run([sys.executable, "-c", probe], env=plain, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("environ", "protocol"), [
+    ({}, None),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, "http/protobuf"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "grpc"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, None),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, None),
+])
+def test_tracing_is_on_only_when_an_otlp_endpoint_is_configured(environ, protocol):
+    assert otlp_protocol(environ) == protocol
+
+
+@pytest.mark.parametrize(("environ", "message"), [
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+     "OTEL_EXPORTER_OTLP_PROTOCOL must be one of http/protobuf, grpc, got 'http/json'"),
+    ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER must be otlp or none, got 'zipkin'"),
+])
+def test_otel_settings_neither_component_can_use_are_refused_with_their_name(environ, message):
+    with pytest.raises(TracingSettingsError) as refused:
+        otlp_protocol(environ)
+    assert str(refused.value) == message
+
+
+def test_a_gateway_with_an_unusable_otel_setting_exits_saying_which(tmp_path):
+    (tmp_path / "gateway.yaml").write_text("tenants: []\n")
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "thrift"}
+    done = subprocess.run([sys.executable, "-m", "sluice_gateway.cli", "--config", str(tmp_path / "gateway.yaml")],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL must be one of http/protobuf, grpc, got 'thrift'" in done.stderr
