@@ -610,7 +610,7 @@ def test_batches_stored_at_once_cannot_pass_the_quota_together(database):
 def test_gateways_killed_during_a_batch_lose_no_line_and_answer_none_twice(database, routes, tmp_path):
     settings = config(tmp_path, concurrency=2)
     settings["batch"]["database"] = database
-    lines = [chat_line(f"k{n}", f"Tell a story about {n}.", max_tokens=12) for n in range(24)]
+    lines = [chat_line(f"k{n}", f"Tell a story about {n}.", max_tokens=8) for n in range(24)]
     ran_by_killed: list[set[str]] = []
     for kill in range(3):
         with run_gateway(settings, routes, tmp_path / f"killed-{kill}") as gateway:
@@ -619,7 +619,9 @@ def test_gateways_killed_during_a_batch_lose_no_line_and_answer_none_twice(datab
                 batch = alice.batches.create(input_file_id=upload(alice, lines).id,
                                              endpoint="/v1/chat/completions", completion_window="24h")
             target = alice.batches.retrieve(batch.id).request_counts.completed + 4
+            deadline = time.monotonic() + 60
             while alice.batches.retrieve(batch.id).request_counts.completed < target:
+                assert time.monotonic() < deadline, "no line answered after a restart"
                 time.sleep(0.01)
             gateway.process.kill()
             gateway.process.wait()
