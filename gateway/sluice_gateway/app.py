@@ -123,7 +123,6 @@ class GatewayApp:
             self.tracing = tracing_from_environment()
         except TracingSettingsError as exc:
             raise SystemExit(f"sluice-gateway: {exc}") from None  # a start-up setting: the message, no traceback
-        self._tracer = self.tracing.get_tracer("sluice_gateway") if self.tracing is not None else None
         self.metrics.ready.set_function(lambda: 1 if self.not_ready_reason() is None else 0)
         self.table = RoutingTable()
         self._started = False
@@ -293,8 +292,8 @@ class GatewayApp:
         send = DeadlinedSend(send, scope, self.config.timeouts.client_send_s)
         if kind is not None and method == "POST":
             spans = None
-            if self._tracer is not None:
-                spans = RequestSpans(self._tracer, client_trace, f"{method} {path}")
+            if self.tracing is not None:
+                spans = RequestSpans(self.tracing, client_trace, f"{method} {path}")
                 trace = spans.trace
             ctx = RequestContext(kind, path, own_id, client_id, started, Admission(self.limiter, self.metrics),
                                  budget_s=client_budget(scope["headers"]), trace=trace,
@@ -576,7 +575,8 @@ def _client_trace(raw_headers: list[tuple[bytes, bytes]]) -> trace_context.Trace
 
 
 def _end_request_span(ctx: RequestContext, error_code: str | None) -> None:
-    """The server span's attributes, from the request's outcome (never its prompt or completion), and its end."""
+    """The server span's attributes, from the request's outcome (never its prompt or completion); then every span
+    of the request is built, once it has been answered."""
     outcome, root = ctx.outcome, ctx.spans.root
     attributes: dict[str, Any] = {"http.response.status_code": outcome.status,
                                   "gen_ai.operation.name": OPERATIONS.get(ctx.kind, ctx.kind),
@@ -593,7 +593,7 @@ def _end_request_span(ctx: RequestContext, error_code: str | None) -> None:
     if outcome.finish_reason:
         attributes["gen_ai.response.finish_reasons"] = [outcome.finish_reason]
     root.set_attributes(attributes)
-    ctx.spans.end()
+    ctx.spans.finish()
 
 
 class _Captured:

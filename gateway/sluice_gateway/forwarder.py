@@ -11,8 +11,8 @@ one side and not yet by the other). They also get the tenant's priority, name an
 sluice_contracts.request_priority, from gateway.yaml, whatever the client sent, and what is left of the request's
 budget (budget.py) in the header of sluice_contracts.request_deadline, never the client's own timeout headers.
 
-Each attempt carries the client's trace (sluice_contracts.trace_context) under a span of its own: with tracing on,
-the attempt's span (request_spans.py), which lasts until its answer is relayed. The backend that answers names
+Each attempt carries the client's trace (sluice_contracts.trace_context) under a span id of its own: with tracing
+on, that of the attempt's span (request_spans.py), which lasts until its answer is relayed. The backend that answers names
 its model version on the answer (version_stamp.py).
 
 A runtime's refusal for a budget it cannot meet (or one that passed while queued) is tried on the next endpoint

@@ -47,7 +47,7 @@ class RequestContext:
     admission: Admission
     budget_s: float | None = None  # the client's timeout (budget.py), from `started`; None: it states none
     trace: TraceContext = field(default_factory=new_trace)  # the client's, when valid (sluice_contracts.trace_context)
-    spans: RequestSpans | Any = NO_SPANS  # its OpenTelemetry spans (request_spans.py); NO_SPANS: tracing is off
+    spans: RequestSpans | Any = NO_SPANS  # its steps' marks, its spans once answered (request_spans.py); NO_SPANS: off
     principal: Principal | None = None
     parsed: ParsedRequest | None = None
     # The client did not ask for usage on a stream, but the limiter needs it: asked for, then dropped on the way back.

@@ -329,3 +329,14 @@ def test_a_gateway_with_an_unusable_otel_setting_exits_saying_which(tmp_path):
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "OTEL_EXPORTER_OTLP_PROTOCOL must be one of http/protobuf, grpc, got 'thrift'" in done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_either_otlp_protocol_sets_up_an_exporter(protocol, monkeypatch):
+    from sluice_gateway.tracing_setup import tracing_from_environment
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    tracing = tracing_from_environment()
+    assert tracing is not None and tracing.sampled(None, "7bf92f3577b34da6a3ce929d0e0e4736", "POST /v1/chat")
+    tracing.shutdown()

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState, set_span_in_context
+from opentelemetry.trace import SpanKind
 
-from sluice_contracts.trace_context import TraceContext
+from sluice_contracts.trace_context import TraceContext, new_span_id
+from sluice_contracts.tracing_environment import SpanRecord, Tracing
 
 from .request_log import RequestRecord
-from .tracing_setup import RuntimeTracing
 
 _OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion", "/v1/embeddings": "embeddings",
                "/v1/rerank": "rerank"}
@@ -30,41 +30,34 @@ class ResponseTimes:
     chunks: int = 0
 
 
-def emit(tracing: RuntimeTracing, record: RequestRecord, caller: TraceContext | None, arrived_ns: int,
+def emit(tracing: Tracing, record: RequestRecord, caller: TraceContext | None, arrived_ns: int,
          ended_ns: int, response: ResponseTimes) -> None:
-    parent = None
-    if caller is not None:
-        state = TraceState.from_header([caller.state]) if caller.state else None
-        flags = TraceFlags(TraceFlags.SAMPLED if caller.sampled else TraceFlags.DEFAULT)
-        parent = set_span_in_context(NonRecordingSpan(SpanContext(
-            int(caller.trace_id, 16), int(caller.parent_id, 16), is_remote=True, trace_flags=flags,
-            trace_state=state)))
-    else:
-        tracing.pending_trace_id = int(record.trace_id, 16)
-    tracer = tracing.tracer
-    root = tracer.start_span(f"{record.method} {record.path}", parent, kind=SpanKind.SERVER, start_time=arrived_ns)
-    if not root.is_recording():
+    name = f"{record.method} {record.path}"
+    if not tracing.sampled(caller, record.trace_id, name):
         return
-    root.set_attributes(_server_attributes(record))
-    under = set_span_in_context(root)
+    trace_id, server_id = record.trace_id, new_span_id()
+
+    def under(span_name: str, start: float | int, end: float | int, attributes: dict | None = None) -> SpanRecord:
+        return SpanRecord(span_name, SpanKind.INTERNAL, trace_id, new_span_id(), server_id, _ns(start), _ns(end),
+                          attributes or {})
+
+    spans = [SpanRecord(name, SpanKind.SERVER, trace_id, server_id, caller.parent_id if caller else None,
+                        arrived_ns, ended_ns, _server_attributes(record), remote_parent=True)]
     m = record.engine_metrics
     if m is not None and m.first_scheduled_time is not None:
-        tracer.start_span("queue", under, start_time=_ns(m.arrival_time)).end(_ns(m.first_scheduled_time))
+        spans.append(under("queue", m.arrival_time, m.first_scheduled_time))
         if m.first_token_time is not None:
-            prefill = tracer.start_span("prefill", under, start_time=_ns(m.first_scheduled_time), attributes={
+            spans.append(under("prefill", m.first_scheduled_time, m.first_token_time, {
                 "sluice.prefill.tokens": record.prompt_tokens or 0,
-                "gen_ai.usage.cache_read.input_tokens": m.num_cached_prompt_tokens})
-            prefill.end(_ns(m.first_token_time))
+                "gen_ai.usage.cache_read.input_tokens": m.num_cached_prompt_tokens}))
             if m.finished_time is not None:
-                decode = tracer.start_span("decode", under, start_time=_ns(m.first_token_time), attributes={
+                spans.append(under("decode", m.first_token_time, m.finished_time, {
                     "sluice.decode.tokens": record.completion_tokens or 0,
-                    "sluice.decode.preemptions": m.num_preemptions})
-                decode.end(_ns(m.finished_time))
+                    "sluice.decode.preemptions": m.num_preemptions}))
     if record.stream and response.started_ns is not None:
-        stream = tracer.start_span("stream", under, start_time=response.started_ns,
-                                   attributes={"sluice.stream.chunks": response.chunks})
-        stream.end(response.last_ns or response.started_ns)
-    root.end(ended_ns)
+        spans.append(SpanRecord("stream", SpanKind.INTERNAL, trace_id, new_span_id(), server_id, response.started_ns,
+                                response.last_ns or response.started_ns, {"sluice.stream.chunks": response.chunks}))
+    tracing.export(spans)
 
 
 def _server_attributes(record: RequestRecord) -> dict:
@@ -83,5 +76,6 @@ def _server_attributes(record: RequestRecord) -> dict:
     return attributes
 
 
-def _ns(seconds: float) -> int:
-    return int(seconds * 1e9)
+def _ns(at: float | int) -> int:
+    """Nanoseconds since the epoch, from the engine's seconds (time.time()) or nanoseconds already."""
+    return at if isinstance(at, int) else int(at * 1e9)
