@@ -1,0 +1,208 @@
+"""What tracing costs the gateway: its latency with OpenTelemetry tracing off, and on with every request sampled
+and exported over OTLP/HTTP to a local receiver, in one run.
+
+Two gateways in front of one fake OpenAI backend (bench/fake_openai_backend.py, which answers at once), one of
+them started with the standard OTEL_* environment (OTEL_TRACES_SAMPLER=always_on), the receiver a process of its
+own that decodes every export. One client at a time, JSON and streaming, the two gateways measured in turn in
+each round; medians over rounds. Writes bench/results/tracing_bench.json.
+
+`python bench/tracing_bench.py [--rounds 5] [--seconds 3]`
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from bench_process import free_port, wait_http
+from gateway_bench import PAYLOAD, TENANT_KEY, load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def receive(port: int) -> None:
+    """The OTLP/HTTP receiver: decodes each export, answers as a collector does; GET answers the spans so far."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+    spans = 0
+    answer = ExportTraceServiceResponse().SerializeToString()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            nonlocal spans
+            request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
+            spans += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+            self._send(answer, "application/x-protobuf")
+
+        def do_GET(self) -> None:
+            self._send(str(spans).encode(), "text/plain")
+
+        def _send(self, body: bytes, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+def span_work_us(environ: dict[str, str], requests: int = 2000, repeats: int = 7) -> dict[str, float]:
+    """The gateway's own span work for one request (four steps marked with their attributes, the attempt's
+    upstream context, then its five spans handed to the exporter), in this process: microseconds per request, tracing off and on
+    (the best of `repeats`, which a contended machine disturbs least)."""
+    from sluice_contracts.trace_context import new_trace
+    from sluice_gateway.request_spans import NO_SPANS, RequestSpans
+    from sluice_gateway.tracing_setup import tracing_from_environment
+
+    os.environ.update(environ)
+    tracing = tracing_from_environment()
+
+    def one(spans) -> None:
+        for name in ("auth", "route", "limits"):
+            with spans.step(name) as span:
+                if span.is_recording():
+                    span.set_attributes({"sluice.tenant": "bench", "sluice.key_id": "bench-key"})
+        with spans.step("upstream attempt") as span:
+            spans.upstream(span, trace).headers()
+            if span.is_recording():
+                span.set_attributes({"sluice.attempt": 1, "sluice.backend": "fake", "http.response.status_code": 200})
+        if spans.root.is_recording():
+            spans.root.set_attributes({"http.response.status_code": 200, "gen_ai.request.model": "bench"})
+        spans.finish()
+
+    trace = new_trace()
+    figures = {}
+    for name, make in (("off", lambda: NO_SPANS), ("on", lambda: RequestSpans(tracing, None, "POST /v1/chat"))):
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for _ in range(requests):
+                one(make())
+            best = min(best, (time.perf_counter() - started) / requests)
+        figures[f"{name}_us"] = best * 1e6
+    tracing.shutdown()
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
+    parser.add_argument("--rounds", type=int, default=5, help="repeat both gateways in turn; report medians")
+    parser.add_argument("--max-requests", type=int, default=20000, help="cap per cell")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tracing_bench.json")
+    parser.add_argument("--receive", type=int, help=argparse.SUPPRESS)  # the receiver process's own entry
+    args = parser.parse_args()
+    if args.receive:
+        receive(args.receive)
+        return
+
+    procs: list[subprocess.Popen] = []
+    workdir = Path(tempfile.mkdtemp(prefix="sluice-tracebench-"))
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    try:
+        backend_port, receiver_port = free_port(), free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "fake_openai_backend.py"), "--port", str(backend_port)], **quiet))
+        backend = f"http://127.0.0.1:{backend_port}"
+        wait_http(f"{backend}/load", procs[-1], 20)
+        procs.append(subprocess.Popen([sys.executable, __file__, "--receive", str(receiver_port)], **quiet))
+        receiver = f"http://127.0.0.1:{receiver_port}"
+        wait_http(receiver, procs[-1], 20)
+
+        digest = hashlib.sha256(TENANT_KEY.encode()).hexdigest()
+        (workdir / "gateway.yaml").write_text(
+            "tenants:\n  - name: bench\n"
+            f"    keys: [{{id: bench-key, sha256: {digest}}}]\n"
+            "    models: [bench]\n"
+            "    limits: {requests_per_minute: 100000000, tokens_per_minute: 1000000000, max_concurrent: 10000}\n"
+        )
+        (workdir / "routes.json").write_text(json.dumps({"version": 1, "generation": 1, "routes": {"bench": {
+            "backends": [{"name": "fake", "servedModelName": "bench", "endpoints": [backend]}]}}}))
+        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                  "OTEL_TRACES_SAMPLER": "always_on"}
+        targets = {}
+        for name, env in (("off", plain_env), ("on", {**plain_env, **traced})):
+            port = free_port()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "sluice_gateway.cli", "--config", str(workdir / "gateway.yaml"),
+                 "--routes", str(workdir / "routes.json"), "--host", "127.0.0.1", "--port", str(port),
+                 "--metrics-port", "0"], env=env, **quiet))
+            wait_http(f"http://127.0.0.1:{port}/ready", procs[-1], 30)
+            targets[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+
+        headers = {"authorization": f"Bearer {TENANT_KEY}"}
+        runs: dict[tuple, list[dict]] = {}
+        loads = [os.getloadavg()[0]]
+        for round_ in range(args.rounds):
+            for stream in (False, True):
+                body = json.dumps({**PAYLOAD, "stream": stream}).encode()
+                for name, url in targets.items():
+                    cell = asyncio.run(load(url, headers, body, stream, 1, args.seconds, args.max_requests))
+                    runs.setdefault((name, stream), []).append(cell)
+                    print(f"  round {round_ + 1} tracing {name:3s} stream={stream!s:5s} {cell['rps']:7.0f} req/s "
+                          f"p50 {cell['p50_ms']:6.3f} ms p99 {cell['p99_ms']:6.3f} ms errors {cell['errors']}",
+                          flush=True)
+            loads.append(os.getloadavg()[0])
+        time.sleep(6)  # past the SDK's batch delay (5 s), so the gateway's last spans are in
+        with urllib.request.urlopen(receiver, timeout=5) as answer:
+            exported = int(answer.read())
+        work = span_work_us(traced)
+        print(f"span work per request, in process: {work['off_us']:.2f} µs off, {work['on_us']:.1f} µs on")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    cells = [{"tracing": name, "stream": stream, "rounds": len(c), "requests": sum(x["requests"] for x in c),
+              "errors": sum(x["errors"] for x in c),
+              **{k: statistics.median(x[k] for x in c) for k in ("rps", "p50_ms", "p99_ms")},
+              # The added p50 of each round, on minus off measured back to back: drifts in load hit both alike.
+              **({"added_p50_ms_by_round": [on["p50_ms"] - off["p50_ms"]
+                                            for on, off in zip(c, runs[("off", stream)])]} if name == "on" else {})}
+             for (name, stream), c in runs.items()]
+    summary = {}
+    for cell in cells:
+        if cell["tracing"] == "on":
+            mode = "stream" if cell["stream"] else "json"
+            summary[mode] = {"added_p50_ms": statistics.median(cell["added_p50_ms_by_round"]),
+                             "off_p50_ms": next(c["p50_ms"] for c in cells
+                                                if c["tracing"] == "off" and c["stream"] == cell["stream"]),
+                             "on_p50_ms": cell["p50_ms"]}
+            print(f"{mode:6s}: tracing adds {summary[mode]['added_p50_ms']:.3f} ms at p50 "
+                  f"({summary[mode]['off_p50_ms']:.3f} → {summary[mode]['on_p50_ms']:.3f} ms)")
+    traced_requests = sum(c["requests"] + 50 * c["rounds"] for c in cells if c["tracing"] == "on")
+    host = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "cpus": os.cpu_count(),
+            "load_average": [round(a, 1) for a in loads]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"host": host, "cells": cells, "summary": summary, "span_work": work,
+                                    "spans_exported": exported, "traced_requests": traced_requests}, indent=2))
+    print(f"{exported} spans exported for {traced_requests} traced requests; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
