@@ -18,6 +18,7 @@ import pytest
 
 from fixtures.cluster import wait_for
 from fixtures.real_node import (
+    memory_peak,
     operator_image,
     pod_manifest,
     probe_pod,
@@ -312,20 +313,6 @@ import json, os
 from sluice_runtime.executor.cpu_budget import usable_cpus
 print(json.dumps({"cores": len(os.sched_getaffinity(0)), "threads": usable_cpus()}))
 """
-# A container's peak memory and limit, cgroup v1 or v2.
-_PEAK = """
-import json
-def read(*paths):
-    for path in paths:
-        try:
-            return int(open(path).read().split()[0])
-        except (OSError, ValueError):
-            pass
-print(json.dumps({"peak": read("/sys/fs/cgroup/memory/memory.max_usage_in_bytes", "/sys/fs/cgroup/memory.peak"),
-                  "limit": read("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory.max")}))
-"""
-
-
 def _exec_json(kube_cluster, pod: dict, script: str) -> dict:
     return json.loads(kube_cluster.kubectl("exec", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"],
                                            "--", "python3", "-c", script).stdout)
@@ -509,8 +496,8 @@ def test_every_pod_stayed_within_its_memory_limit(kube_cluster, chart_on_node, m
     pods = {"operator": _pod(kube_cluster, namespace, "operator"), "gateway": _pod(kube_cluster, namespace, "gateway"),
             "runtime": _model_pods(kube_cluster, namespace)[0]}
     for component, pod in pods.items():
-        seen = _exec_json(kube_cluster, pod, _PEAK)
+        seen = memory_peak(kube_cluster, pod)
         record_property(f"{component}_peak_memory", f"{seen['peak'] / 2**20:.0f} MiB of {seen['limit'] / 2**20:.0f}")
         assert seen["peak"] < seen["limit"], (component, seen)
         assert [c["restartCount"] for c in pod["status"]["containerStatuses"]] == [0], component
-    assert _exec_json(kube_cluster, pods["runtime"], _PEAK)["limit"] == 3 * 2**30
+    assert memory_peak(kube_cluster, pods["runtime"])["limit"] == 3 * 2**30

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from fixtures.cluster import wait_for
+from fixtures.real_node import memory_peak
 from fixtures.sluice_stack import NAMESPACE, RELEASE, REPO, ROUTING_TABLE, TENANT_KEY, VALUES, ready
 from localcluster.engine_stand_in import STAND_IN_IMAGE
 from sluice_contracts import runtime_credential
@@ -237,6 +238,29 @@ def test_3c_a_revoked_key_stops_working_without_a_restart(stack, record_property
     wait_for(lambda: _answers(stack, TENANT_KEY), timeout=120, interval=0.5, what="the e2e key to work again")
 
 
+def test_3d_a_batch_runs_through_the_installed_gateway(stack, record_property):
+    """OpenAI's Files and Batches through the gateway's Service: the store on the chart's volume, the lines sent to
+    the runtime pod like online requests, each custom_id answered once."""
+    import io
+
+    client = stack.client()
+    lines = [{"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "chat", "max_tokens": 4, "messages": [{"role": "user", "content": f"Say {n}."}]}}
+             for n in range(6)]
+    upload = client.files.create(file=("lines.jsonl", io.BytesIO("\n".join(map(json.dumps, lines)).encode())),
+                                 purpose="batch")
+    started = time.monotonic()
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    done = wait_for(lambda: (seen := client.batches.retrieve(batch.id)).status in ("completed", "failed") and seen,
+                    timeout=180, interval=1, what="the batch to end")
+    record_property("batch_of_6_s", round(time.monotonic() - started, 1))
+    assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (6, 0), done
+    output = [json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(o["custom_id"] for o in output) == sorted(line["custom_id"] for line in lines)
+    assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["usage"]["completion_tokens"] > 0
+               for o in output), output
+
+
 def _canary_route(smollm2: int, canary: int) -> str:
     route = yaml.safe_load(CANARY_ROUTE.read_text())
     route["spec"]["backends"] = [{"inferenceModel": "smollm2", "weight": smollm2},
@@ -328,6 +352,9 @@ def test_5_autoscaling_up_under_a_burst_and_down_after_the_window(stack, record_
         record_property("second_replica_serving_s", round(time.monotonic() - started, 1))
         calm = burst.halt()
         burst_results = burst.stop()
+        # The heaviest load of the suite: both replicas within their cgroup's memory limit.
+        for n, replica in enumerate((first, second)):
+            _record_peak(stack, replica, record_property, f"runtime_{n}")
 
         # Light load through the scale-down: long streams on both replicas (started with nothing else in
         # flight, bounded-load affinity puts at least two of six on each), so the replica removed has some
@@ -571,15 +598,11 @@ def test_7c_scale_to_zero_and_back_without_losing_a_request(stack, record_proper
     # Ten requests at once, five streaming: held at the gateway, the operator starts a replica, all are answered.
     (gateway,) = stack.pods("app.kubernetes.io/component=gateway")
     holds = stack.metric(gateway, 9090, "sluice_gateway_hold_seconds_count")
-    with stack.record_model("smollm2") as model:
-        sent = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(10) as pool:
-            answers = list(pool.map(lambda n: _ask(client, n, stream=n % 2 == 0), range(10)))
-        record_property("cold_start_round_trip_s", round(time.monotonic() - sent, 1))
-        assert [why for ok, why in answers if not ok] == [], "a request held at zero was lost"
-        woken = wait_for(lambda: [seen for seen, _, m in model.seen() if seen >= sent and m["spec"]["replicas"] >= 1],
-                         timeout=30, what="the watch to see the model scaled from zero")
-    record_property("scaled_from_zero_after_s", round(woken[0] - sent, 2))
+    sent = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda n: _ask(client, n, stream=n % 2 == 0), range(10)))
+    record_property("cold_start_round_trip_s", round(time.monotonic() - sent, 1))
+    assert [why for ok, why in answers if not ok] == [], "a request held at zero was lost"
     assert stack.metric(gateway, 9090, "sluice_gateway_hold_seconds_count") - holds == 10
     held_ms = sorted(line["held_ms"] for line in stack.access_log().values() if line.get("held_ms"))[-10:]
     record_property("hold_s_p50", round(held_ms[4] / 1000, 1))
@@ -707,8 +730,27 @@ def test_7d_lora_adapters_served_added_without_a_restart_and_split_by_a_canary(s
     record_property("sql_v2_share_at_80_20", round(share, 3))
     assert abs(share - 0.2) < 0.13, share  # binomial spread at 160 requests: about 3.2 points
 
+    _record_peak(stack, pod, record_property, "runtime_with_adapters")
     stack.kubectl("delete", "mr", "sql")
     stack.kubectl("delete", "im", LORA_MODEL, "--wait=true", "--timeout=60s")
+
+
+def _record_peak(stack, pod: dict, record_property, name: str) -> None:
+    """A running container's peak memory since it started (cgroup accounting) against its limit."""
+    seen = memory_peak(stack.cluster, pod)
+    record_property(f"{name}_peak_memory", f"{seen['peak'] / 2**20:.0f} MiB of {seen['limit'] / 2**20:.0f}")
+    assert seen["peak"] < seen["limit"], (name, seen)
+
+
+def test_7e_the_release_ran_within_its_limits_and_no_container_was_oom_killed(stack, record_property):
+    for component in ("operator", "gateway"):
+        (pod,) = stack.pods(f"app.kubernetes.io/component={component}")
+        _record_peak(stack, pod, record_property, component)
+        assert [c["restartCount"] for c in pod["status"]["containerStatuses"]] == [0], component
+    # The kubelet's record of every container that ended: a crash the suite made (SIGKILL), never the kernel's
+    # OOM killer.
+    events = json.loads(stack.kubectl("get", "events", "-o", "json").stdout)["items"]
+    assert not [e for e in events if "OOM" in e["reason"] or "OOMKilled" in e.get("message", "")], "an OOM kill"
 
 
 @pytest.mark.e2e_always
