@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from fixtures.gateway import RUNTIME_ARGS, backend, gateway_config, key_entry, run_gateway, table
+from fixtures.gateway import RUNTIME_ARGS, TINY_MODEL_NAME, backend, gateway_config, key_entry, run_gateway, table
 from sluice_contracts.tracing_environment import TracingSettingsError, otlp_protocol
 
 pytestmark = pytest.mark.integration
@@ -340,3 +340,13 @@ def test_either_otlp_protocol_sets_up_an_exporter(protocol, monkeypatch):
     tracing = tracing_from_environment()
     assert tracing is not None and tracing.sampled(None, "7bf92f3577b34da6a3ce929d0e0e4736", "POST /v1/chat")
     tracing.shutdown()
+
+
+def test_a_runtime_called_directly_starts_the_trace_its_answer_names(traced_runtime, receiver):
+    runtime = openai.OpenAI(base_url=f"{traced_runtime.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    answer = runtime.chat.completions.with_raw_response.create(**{**CHAT, "model": TINY_MODEL_NAME})
+    trace_id = answer.headers["x-sluice-trace-id"]
+    spans = receiver.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime")))
+    server, = named(spans, "POST /v1/chat/completions", "test-runtime")
+    assert server["parent"] == "" and server["attributes"]["http.response.status_code"] == 200
+    assert [s["name"] for s in spans if s["parent"] == server["span_id"]] == ["queue", "prefill", "decode"]
