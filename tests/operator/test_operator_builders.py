@@ -159,6 +159,12 @@ def test_a_cpu_limit_above_the_request_makes_a_burstable_pod_with_threads_for_th
     assert plain["limits"]["cpu"] == plain["requests"]["cpu"] == "250m"
 
 
+def test_opentelemetry_settings_reach_the_engines_environment():
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.observability:4318", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
+    env = _container(build_deployment(OWNER, _spec(runtime={"otelEnv": otel})))["env"]
+    assert [e for e in env if e["name"].startswith("OTEL_")] == [{"name": k, "value": v} for k, v in sorted(otel.items())]
+
+
 def test_a_cache_claim_holds_the_runtimes_cache_and_nothing_else():
     pod = build_deployment(OWNER, _spec(runtime={"cacheClaim": "model-cache"}))["spec"]["template"]["spec"]
     claimed = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]

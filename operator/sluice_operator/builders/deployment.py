@@ -214,6 +214,7 @@ def _pod_template(owner: Owner, spec: InferenceModelSpec, credential_secret: str
         _POD_IP,
         *writable_env(),
         {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec.resources.cpu_ceiling))},
+        *({"name": name, "value": value} for name, value in sorted(spec.runtime.otel_env.items())),
         *command.env,
     ]
     container = _container(spec, engine_image(spec, images), command, env, mounts)

@@ -50,6 +50,8 @@ IMAGE_REFERENCE = (rf"^{_COMPONENT}(:[0-9]+)?(/{_COMPONENT})*(:[A-Za-z0-9_][A-Za
 # The label a Secret carries when the platform team lets models use it as their Hugging Face token.
 TOKEN_SECRET_LABEL = "sluice.dev/model-token"
 TOKEN_SECRET_OPT_IN = "true"
+OTEL_NAME = "^OTEL_[A-Z0-9_]+$"
+MSG_OTEL_ENV = "runtime.otelEnv takes only OpenTelemetry variables: names matching OTEL_[A-Z0-9_]+"
 MSG_CPU_LIMIT = "resources.cpuLimit must not be below resources.cpu (the request)"
 MSG_SOURCE = "model.source must be 'smollm2', 'hf:ORG/NAME' or 'pvc://CLAIM/PATH'"
 MSG_HF_ONLY = "model.revision and model.tokenSecret only apply to an 'hf:' source"
@@ -260,6 +262,16 @@ class RuntimeSpec(SpecModel):
                     "downloads rather than making them again at each start (ReadWriteMany for replicas on several "
                     "nodes). Unset: each pod starts with an empty cache.",
     )
+    otel_env: dict[str, str] = Field(
+        default_factory=dict, max_length=32,
+        description="OpenTelemetry settings of the engine, as the standard OTEL_* environment variables "
+                    "(OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_TRACES_SAMPLER, "
+                    "OTEL_TRACES_SAMPLER_ARG, ...): spans are exported when an endpoint is named. Only OTEL_ names.",
+        json_schema_extra={
+            "additionalProperties": {"type": "string", "maxLength": 1024},
+            "x-kubernetes-validations": [cel(f"self.all(name, name.matches('{OTEL_NAME}'))", MSG_OTEL_ENV)],
+        },
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
@@ -342,6 +354,13 @@ class RuntimeSpec(SpecModel):
         choices, message = _RUNTIME_CHOICES[info.field_name]
         if value is not None and value not in choices:
             raise ValueError(message(value))
+        return value
+
+    @field_validator("otel_env")
+    @classmethod
+    def _only_opentelemetry(cls, value: dict[str, str]) -> dict[str, str]:
+        if any(not re.match(OTEL_NAME, name) for name in value) or any(len(v) > 1024 for v in value.values()):
+            raise ValueError(MSG_OTEL_ENV)
         return value
 
     @field_validator("args")
