@@ -560,9 +560,12 @@ IDLE_S = 10  # the scenario's scaleToZeroAfterSeconds: short, so the model goes 
 
 
 def _at_zero(stack) -> bool:
+    """No replica, and the gateway's own table says so: it learns from its routing-table volume, which the kubelet
+    rewrites at its next sync, while the replicas it had may still be draining (and answering)."""
     model = stack.get("im", "smollm2")
     return (model["spec"]["replicas"] == 0 and not stack.model_pods("smollm2")
-            and stack.condition("im", "smollm2", "Ready").get("reason") == "ScaledToZero")
+            and stack.condition("im", "smollm2", "Ready").get("reason") == "ScaledToZero"
+            and not stack.gateway_endpoints("chat").get("smollm2"))
 
 
 def _ask(client, n: int, stream: bool) -> tuple[bool, str]:
