@@ -61,6 +61,16 @@ def _im_columns(stack) -> dict[str, dict[str, str]]:
     return {row.split()[0]: {name: row[a:b].strip() for name, (a, b) in zip(header.split(), spans)} for row in rows}
 
 
+def _wait_ready(stack, name: str) -> None:
+    """The model Ready, or the failure says why: its pods as the scheduler and the kubelet see them."""
+    waited = stack.kubectl("wait", "--for=condition=Ready", f"im/{name}", "--timeout=240s", timeout=260, check=False)
+    if waited.returncode != 0:
+        described = stack.kubectl("describe", "pods", "-l", f"sluice.dev/inference-model={name}", check=False).stdout
+        node = stack.cluster.kubectl("describe", "node", "node-0", check=False).stdout
+        allocated = node[node.find("Non-terminated Pods"):node.find("Events:")]
+        raise AssertionError(f"{name} not Ready: {waited.stderr}\n{described[-2500:]}\n{allocated}")
+
+
 def _spec_replicas(stack, name: str) -> int:
     return stack.get("im", name)["spec"]["replicas"]
 
@@ -506,7 +516,7 @@ metadata: {name: smollm2-vllm}
 spec:
   model: {source: smollm2}
   runtime: {engine: vllm, maxModelLen: 512, maxNumSeqs: 4, kvCacheMemory: 128Mi, startupTimeoutSeconds: 240}
-  resources: {cpu: 250m, cpuLimit: "1", memory: 3Gi}
+  resources: {cpu: 100m, cpuLimit: "1", memory: 3Gi}
   autoscaling: {minReplicas: 1, maxReplicas: 2}
 """
 
@@ -647,6 +657,9 @@ def _adapter(smollm2_dir, root, name: str, seed: int) -> dict:
     from fixtures.lora import build_lora
 
     build_lora(smollm2_dir, root / name, seed, rank=8)
+    # Written here as root; the runtime reads them as its own user.
+    for path in [root, root / name, *(root / name).rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     return {"name": name, "source": f"pvc://{ADAPTER_CLAIM}/{name}", "rank": 8}
 
 
@@ -687,7 +700,7 @@ def test_7d_lora_adapters_served_added_without_a_restart_and_split_by_a_canary(s
     started = time.monotonic()
     stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
     stack.kubectl("apply", "-f", "-", input=_sql_route(80, 20))
-    stack.kubectl("wait", "--for=condition=Ready", f"im/{LORA_MODEL}", "--timeout=240s", timeout=260)
+    _wait_ready(stack, LORA_MODEL)
     wait_for(lambda: _im_columns(stack).get(LORA_MODEL, {}).get("ADAPTERS") == "2", timeout=60,
              what="kubectl get im to show both adapters ready")
     wait_for(lambda: all(b["endpoints"] for b in stack.gateway_get("/admin/routes")["routes"]["sql"]["backends"]),
