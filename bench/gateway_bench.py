@@ -111,6 +111,29 @@ async def load(url: str, headers: dict, body: bytes, stream: bool, concurrency: 
     }
 
 
+def start_fake_backend(procs: list[subprocess.Popen], quiet: dict) -> str:
+    """The fake OpenAI backend the gateways forward to, started and answering; its URL."""
+    port = free_port()
+    procs.append(subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "fake_openai_backend.py"), "--port", str(port)], **quiet))
+    backend = f"http://127.0.0.1:{port}"
+    wait_http(f"{backend}/load", procs[-1], 20)
+    return backend
+
+
+def write_sluice_gateway_files(workdir: Path, backend: str) -> None:
+    """Sluice's gateway.yaml (one tenant, limits out of the way) and routes.json (the route `bench` to `backend`)."""
+    digest = hashlib.sha256(TENANT_KEY.encode()).hexdigest()
+    (workdir / "gateway.yaml").write_text(
+        "tenants:\n  - name: bench\n"
+        f"    keys: [{{id: bench-key, sha256: {digest}}}]\n"
+        "    models: [bench]\n"
+        "    limits: {requests_per_minute: 100000000, tokens_per_minute: 1000000000, max_concurrent: 10000}\n"
+    )
+    (workdir / "routes.json").write_text(json.dumps({"version": 1, "generation": 1, "routes": {"bench": {
+        "backends": [{"name": "fake", "servedModelName": "bench", "endpoints": [backend]}]}}}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
@@ -127,21 +150,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="sluice-gwbench-"))
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     try:
-        backend_port = free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "fake_openai_backend.py"), "--port", str(backend_port)], **quiet))
-        backend = f"http://127.0.0.1:{backend_port}"
-        wait_http(f"{backend}/load", procs[-1], 20)
-
-        digest = hashlib.sha256(TENANT_KEY.encode()).hexdigest()
-        (workdir / "gateway.yaml").write_text(
-            "tenants:\n  - name: bench\n"
-            f"    keys: [{{id: bench-key, sha256: {digest}}}]\n"
-            "    models: [bench]\n"
-            "    limits: {requests_per_minute: 100000000, tokens_per_minute: 1000000000, max_concurrent: 10000}\n"
-        )
-        (workdir / "routes.json").write_text(json.dumps({"version": 1, "generation": 1, "routes": {"bench": {
-            "backends": [{"name": "fake", "servedModelName": "bench", "endpoints": [backend]}]}}}))
+        backend = start_fake_backend(procs, quiet)
+        write_sluice_gateway_files(workdir, backend)
         sluice_port = free_port()
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "sluice_gateway.cli", "--config", str(workdir / "gateway.yaml"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import shutil
@@ -26,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench_process import free_port, wait_http
-from gateway_bench import PAYLOAD, TENANT_KEY, load
+from gateway_bench import PAYLOAD, TENANT_KEY, load, start_fake_backend, write_sluice_gateway_files
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,24 +119,13 @@ def main() -> None:
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     plain_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     try:
-        backend_port, receiver_port = free_port(), free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "fake_openai_backend.py"), "--port", str(backend_port)], **quiet))
-        backend = f"http://127.0.0.1:{backend_port}"
-        wait_http(f"{backend}/load", procs[-1], 20)
+        backend = start_fake_backend(procs, quiet)
+        receiver_port = free_port()
         procs.append(subprocess.Popen([sys.executable, __file__, "--receive", str(receiver_port)], **quiet))
         receiver = f"http://127.0.0.1:{receiver_port}"
         wait_http(receiver, procs[-1], 20)
 
-        digest = hashlib.sha256(TENANT_KEY.encode()).hexdigest()
-        (workdir / "gateway.yaml").write_text(
-            "tenants:\n  - name: bench\n"
-            f"    keys: [{{id: bench-key, sha256: {digest}}}]\n"
-            "    models: [bench]\n"
-            "    limits: {requests_per_minute: 100000000, tokens_per_minute: 1000000000, max_concurrent: 10000}\n"
-        )
-        (workdir / "routes.json").write_text(json.dumps({"version": 1, "generation": 1, "routes": {"bench": {
-            "backends": [{"name": "fake", "servedModelName": "bench", "endpoints": [backend]}]}}}))
+        write_sluice_gateway_files(workdir, backend)
         traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                   "OTEL_TRACES_SAMPLER": "always_on"}
         targets = {}
