@@ -6,13 +6,14 @@ import shutil
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
 import redis
 
 from fixtures.gateway import backend, free_port, gateway_config, key_entry, table
+from fixtures.loopback_http import LoopbackServer, reply
 
 pytestmark = pytest.mark.integration
 
@@ -117,22 +118,16 @@ class _OddUsageBackend(BaseHTTPRequestHandler):
                      "usage": {"prompt_tokens": "12", "completion_tokens": [3], "total_tokens": None}})
 
     def _reply(self, document: dict) -> None:
-        body = json.dumps(document).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, 200, json.dumps(document).encode())
 
     def log_message(self, *args) -> None:
         pass
 
 
 def test_usage_that_is_not_a_number_does_not_keep_the_slot(start_gateway):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OddUsageBackend)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = LoopbackServer(_OddUsageBackend)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        url = server.url
         gateway = start_gateway(config(max_concurrent=1, tokens_per_minute=1000),
                                 table(tiny={"backends": [backend("odd", url)]}))
         responses = [httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, headers=HEADERS, timeout=30)
@@ -143,5 +138,4 @@ def test_usage_that_is_not_a_number_does_not_keep_the_slot(start_gateway):
         reservation = 1000 - remaining[0]
         assert remaining == [1000 - reservation, 1000 - 2 * reservation, 1000 - 3 * reservation]
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()

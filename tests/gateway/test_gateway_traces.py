@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import openai
@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from fixtures.gateway import RUNTIME_ARGS, TINY_MODEL_NAME, backend, gateway_config, key_entry, run_gateway, table
+from fixtures.loopback_http import LoopbackServer, reply
 from sluice_contracts.tracing_environment import TracingSettingsError, otlp_protocol
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}], 
 GATEWAY_STEPS = ["auth", "route", "limits", "upstream attempt"]
 
 
-class Receiver:
+class Receiver(LoopbackServer):
     """An OTLP/HTTP trace endpoint: every span it was sent, as plain dicts."""
 
     def __init__(self) -> None:
@@ -43,19 +44,12 @@ class Receiver:
                     service = _attributes(resource_spans.resource.attributes)["service.name"]
                     for scope_spans in resource_spans.scope_spans:
                         receiver.spans.extend(_span(service, span) for span in scope_spans.spans)
-                body = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                reply(self, 200, ExportTraceServiceResponse().SerializeToString(), "application/x-protobuf")
 
             def log_message(self, *args) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        super().__init__(Handler)
 
     def trace(self, trace_id: str, until, timeout: float = 20) -> list[dict]:
         """The trace's spans, by start time, once `until(spans)` holds."""
@@ -66,9 +60,6 @@ class Receiver:
                 return spans
             assert time.monotonic() < deadline, f"trace {trace_id} incomplete: {[s['name'] for s in spans]}"
             time.sleep(0.05)
-
-    def close(self) -> None:
-        self._server.shutdown()
 
 
 def _span(service: str, span) -> dict:
@@ -86,7 +77,7 @@ def _attributes(pairs) -> dict:
     return {pair.key: value(pair.value) for pair in pairs}
 
 
-class Refusing:
+class Refusing(LoopbackServer):
     """An endpoint that reports the runtime's load as its own (so it stays in rotation) and refuses every request
     with 503, as a runtime shedding load does: the gateway tries the next one."""
 
@@ -97,28 +88,16 @@ class Refusing:
             protocol_version = "HTTP/1.1"  # kept alive, as the gateway's pool expects of an upstream
 
             def do_GET(self) -> None:
-                self._answer(200, load)
+                reply(self, 200, load)
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["content-length"]))
-                self._answer(503, b'{"error": {"message": "shedding", "type": "server_error", "code": "shed"}}')
-
-            def _answer(self, status: int, body: bytes) -> None:
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                reply(self, 503, b'{"error": {"message": "shedding", "type": "server_error", "code": "shed"}}')
 
             def log_message(self, *args) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
+        super().__init__(Handler)
 
 
 def otel_environment(receiver: Receiver, service: str) -> dict:
