@@ -21,14 +21,13 @@ import yaml
 
 from fixtures.cluster import wait_for
 from fixtures.real_node import memory_peak
-from fixtures.sluice_stack import NAMESPACE, RELEASE, REPO, ROUTING_TABLE, TENANT_KEY, VALUES, ready
+from fixtures.sluice_stack import NAMESPACE, OVERLAY, RELEASE, REPO, ROUTING_TABLE, TENANT_KEY, VALUES, ready
 from localcluster.engine_stand_in import STAND_IN_IMAGE
 from sluice_contracts import runtime_credential
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CHART = REPO / "charts" / "sluice"
-OVERLAY = REPO / "tests" / "e2e" / "overlay"
 CANARY_ROUTE = REPO / "config" / "samples" / "modelroute-canary.yaml"
 WEATHER_TOOL = {
     "type": "function",
