@@ -651,3 +651,26 @@ def test_a_database_that_cannot_be_reached_is_an_openai_error_not_a_crash(routes
         assert down.value.status_code == 503 and down.value.body["code"] == "batch_store_unavailable"
         assert gateway.metric("sluice_gateway_ready") == 1  # online traffic does not depend on it
         assert "secret-word" not in gateway.log_text() and "sluice:***@127.0.0.1:1" in gateway.log_text()
+
+
+def _failures_of_racing_lists(store: BatchStore, racers: int) -> list[Exception]:
+    failures: list[Exception] = []
+
+    def list_files():
+        try:
+            store.files("alice")
+        except sqlite3.Error as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=list_files) for _ in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return failures
+
+
+def test_requests_that_race_to_a_new_sqlite_store_all_succeed(tmp_path):
+    # The first requests a gateway answers may all be the first to open its database file.
+    for trial in range(100):
+        assert _failures_of_racing_lists(BatchStore(str(tmp_path / f"race-{trial}.db")), racers=6) == []

@@ -63,23 +63,43 @@ def open_database(location: str, schema: str) -> Database:
 
 
 class SqliteDatabase:
-    """One connection per transaction, so that callers may run in any worker thread."""
+    """One connection per transaction, so that callers may run in any worker thread. The file is made ready (WAL,
+    the schema) once per process, by one thread: SQLite answers "database is locked" at once, without waiting, to
+    connections racing to switch a new file's journal mode."""
 
     def __init__(self, path: Path, schema: str) -> None:
         self._path = path
         self._schema = schema
+        self._ready = False
+        self._readying = threading.Lock()
 
     def exists(self) -> bool:
         return self._path.exists()
 
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    def _make_ready(self) -> None:
+        with self._readying:
+            if self._ready:
+                return
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            db = self._connect()
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(self._schema)
+            finally:
+                db.close()
+            self._ready = True
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Transaction]:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self._path, timeout=30, isolation_level=None)
+        if not self._ready:
+            self._make_ready()
+        db = self._connect()
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.executescript(self._schema)
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
