@@ -42,7 +42,6 @@ from .auth import KeyStore, require_principal
 from .batch.api import ENDPOINTS as BATCH_ENDPOINTS
 from .batch.api import BatchApi
 from .batch.executor import BatchExecutor
-from .batch.line_principal import line_principal
 from .budget import client_budget
 from .client_io import ClientGone, DeadlinedSend, read_body, send_all
 from .cold_start_hold import ColdStartHold
@@ -391,7 +390,7 @@ class GatewayApp:
         own_id = next(_request_ids)
         ctx = RequestContext(BATCH_ENDPOINTS[endpoint], endpoint, own_id, batch_id.encode(), time.perf_counter(),
                              Admission(self.limiter, self.metrics))
-        ctx.principal = line_principal(self.config, tenant, key_id)
+        ctx.principal = self.keys.batch_line(tenant, key_id)
         if ctx.principal is None:
             body_bytes = GatewayError(403, f"the batch's tenant {tenant!r} is no longer in the gateway's config",
                                       code="tenant_not_found").body()
@@ -404,7 +403,6 @@ class GatewayApp:
                      body: bytes | None = None, *, batch_id: str | None = None, source: str | None = None) -> None:
         """Serve one proxied request; whatever happens, answer it in the API's format, settle and record it.
         `batch_id`: the batch of a batch line (None: online); `source`: the client's address."""
-        mode = "online" if batch_id is None else "batch"
         watch = AnswerWatch()
 
         async def send_tracked(message: dict[str, Any]) -> None:
@@ -447,15 +445,16 @@ class GatewayApp:
             admitted = ctx.admission.grant is not None
             await ctx.admission.settle(ctx.outcome.prompt_tokens, ctx.outcome.completion_tokens, ctx.outcome.status)
             record(ctx, self.metrics, self.config.access_log, batch_id)
-            self._account(ctx, watch, mode, source, admitted)
+            self._account(ctx, watch, batch_id, source, admitted)
             if ctx.spans.root.is_recording():
                 _end_request_span(ctx, watch.error_code)
 
-    def _account(self, ctx: RequestContext, watch: AnswerWatch, mode: str, source: str | None,
+    def _account(self, ctx: RequestContext, watch: AnswerWatch, batch_id: str | None, source: str | None,
                  admitted: bool) -> None:
         """The request's audit record, and what it used added to its tenant's usage."""
+        mode = "online" if batch_id is None else "batch"
         if self.audit.on:
-            self.audit.write(request_record(ctx, watch, mode=mode, source=source))
+            self.audit.write(request_record(ctx, watch, batch_id=batch_id, source=source))
         principal, outcome = ctx.principal, ctx.outcome
         if principal is None or principal.admin:
             return

@@ -42,6 +42,7 @@ class Principal:
 class KeyStore:
     def __init__(self, config: GatewayConfig) -> None:
         self._by_digest: dict[str, Principal] = {}
+        self._patterns: dict[str, re.Pattern[str]] = {}
         classes = config.priority
         default = classes.number(None)
 
@@ -51,12 +52,23 @@ class KeyStore:
 
         for tenant in config.tenants:
             pattern = re.compile("|".join(f"(?:{translate(glob)})" for glob in tenant.models) or "(?!)")
+            self._patterns[tenant.name] = pattern
             for key in tenant.keys:
                 self._by_digest[key.sha256] = Principal(
                     tenant.name, key.id, tenant.limits, pattern, rank(tenant.priority, tenant.share))
         for key in config.admin_keys:
             self._by_digest[key.sha256] = Principal(
                 "admin", key.id, Limits(), re.compile("(?!)"), rank(None, DEFAULT_SHARE), admin=True)
+        self._batch_rank = {t.name: rank(config.batch_priority_class, t.share) for t in config.tenants}
+
+    def batch_line(self, tenant: str, key_id: str) -> Principal | None:
+        """Who a batch line runs as: the tenant that made the batch, as gateway.yaml says now (its model allow-list
+        and share), at the batch priority class and outside its online limits (batch lines do not count against
+        the tenant's RPM, TPM or concurrency, so a batch never locks its own tenant's interactive traffic out).
+        None when the tenant is gone from gateway.yaml: its lines are refused."""
+        if tenant not in self._patterns:
+            return None
+        return Principal(tenant, key_id, Limits(), self._patterns[tenant], self._batch_rank[tenant])
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The principal behind an `Authorization: Bearer KEY` header, or None when missing or unknown."""

@@ -66,6 +66,7 @@ def test_each_request_answered_has_a_record_without_its_text(tiny_runtimes, star
     served = wait_for_records(gateway, of_request(answer.headers["x-sluice-request-id"]))[0]
     used = answer.parse().usage
     assert served["tenant"] == "ann" and served["key_id"] == "ann-ci" and served["mode"] == "online"
+    assert served["batch_id"] is None
     assert served["source"] == "127.0.0.1" and served["path"] == "/v1/chat/completions"
     assert served["route"] == "tiny" and served["backend"] in ("tiny-v1", "tiny-v2")
     assert served["endpoint"] == tiny_runtimes[0].url and served["priority_class"] == "standard"
@@ -162,6 +163,7 @@ def test_batch_lines_have_records_and_usage_of_their_own_mode(tiny_runtimes, sta
 
     found = wait_for_records(gateway, lambda r: r.get("client_request_id") == batch.id, 2)
     assert {r["mode"] for r in found} == {"batch"} and {r["priority_class"] for r in found} == {"batch"}
+    assert {r["batch_id"] for r in found} == {batch.id}
     assert {r["request_id"] for r in found} == {answer["request_id"] for answer in answers}
     assert {r["source"] for r in found} == {None}
     rows = httpx.get(f"{gateway.url}/v1/usage", params={"start": int(time.time()) - 60, "group_by": "mode,kind"},

@@ -12,7 +12,9 @@ from ..request_context import RequestContext
 from .answer_watch import AnswerWatch
 
 
-def request_record(ctx: RequestContext, watch: AnswerWatch, *, mode: str, source: str | None) -> dict[str, Any]:
+def request_record(ctx: RequestContext, watch: AnswerWatch, *, batch_id: str | None,
+                   source: str | None) -> dict[str, Any]:
+    """`batch_id`: the batch of a batch line (its mode "batch"), None for an online request."""
     outcome, principal = ctx.outcome, ctx.principal
     now = time.perf_counter()
     arrived = time.time() - (now - ctx.started)
@@ -22,7 +24,8 @@ def request_record(ctx: RequestContext, watch: AnswerWatch, *, mode: str, source
         "request_id": ctx.request_id.decode(errors="replace"),
         "client_request_id": ctx.client_id.decode() if ctx.client_id else None,
         "trace_id": ctx.trace.trace_id,
-        "mode": mode,
+        "mode": "online" if batch_id is None else "batch",
+        "batch_id": batch_id,
         "tenant": principal.tenant if principal else None,
         "key_id": principal.key_id if principal else None,
         "source": source,
@@ -65,6 +68,7 @@ def own_record(*, request_id: bytes, client_id: bytes | None, trace_id: str, pri
         "client_request_id": client_id.decode() if client_id else None,
         "trace_id": trace_id,
         "mode": "online",
+        "batch_id": None,
         "tenant": principal.tenant if principal and not principal.admin else None,
         "key_id": principal.key_id if principal else None,
         "source": source,
