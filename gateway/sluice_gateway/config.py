@@ -249,12 +249,25 @@ class Batch(_Strict):
                     "this file), or a PostgreSQL server as a `postgresql://USER:PASSWORD@HOST:PORT/DB` URL. "
                     "Replicas that share it share the work.",
     )
+    database_file: Path | None = Field(
+        default=None,
+        description="File whose first line is the PostgreSQL URL (with its password), e.g. a mounted Secret, "
+                    "in place of `database` (then left unset); relative to this file. Read at each new connection, "
+                    "so a rotated Secret is used without a restart.",
+    )
+
     @field_validator("database")
     @classmethod
     def _sqlite_or_postgres(cls, value: str) -> str:
         if "://" in value and not value.startswith(POSTGRES_SCHEMES):
             raise ValueError("must be a SQLite file's path or a postgresql:// URL")
         return value
+
+    @model_validator(mode="after")
+    def _one_database(self) -> "Batch":
+        if self.database_file is not None and "database" in self.model_fields_set:
+            raise ValueError("set database or database_file, not both")
+        return self
 
     files_dir: Path = Field(
         default=Path("sluice-batch-files"), description="Directory holding uploaded and produced files' contents; "
@@ -443,7 +456,10 @@ def load_config(path: str | Path) -> GatewayConfig:
     batch: dict[str, object] = {}
     if not config.batch.files_dir.is_absolute():
         batch["files_dir"] = Path(path).parent / config.batch.files_dir
-    if not config.batch.database.startswith(POSTGRES_SCHEMES) and not Path(config.batch.database).is_absolute():
+    if config.batch.database_file is not None:
+        if not config.batch.database_file.is_absolute():
+            batch["database_file"] = Path(path).parent / config.batch.database_file
+    elif not config.batch.database.startswith(POSTGRES_SCHEMES) and not Path(config.batch.database).is_absolute():
         batch["database"] = str(Path(path).parent / config.batch.database)
     if batch:
         relative["batch"] = config.batch.model_copy(update=batch)

@@ -538,6 +538,29 @@ def test_lines_whose_runtime_is_killed_mid_batch_are_retried_and_each_answered_o
     assert sorted(answered) == sorted(line["response"]["request_id"] for line in output)
 
 
+def test_the_database_url_may_come_from_a_file_and_one_that_holds_none_is_an_openai_error(routes, postgres,
+                                                                                          tmp_path):
+    url_file = tmp_path / "database-url"  # as a mounted Secret is
+    url_file.write_text(postgres.new_database().replace("@", ":secret-word@", 1) + "\n")
+    settings = config(tmp_path)
+    del settings["batch"]["database"]
+    settings["batch"]["database_file"] = str(url_file)
+    with run_gateway(settings, routes, tmp_path / "url") as gateway:
+        bob = client(gateway, BOB)
+        batch = bob.batches.create(input_file_id=upload(bob, [chat_line("one")]).id,
+                                   endpoint="/v1/chat/completions", completion_window="24h")
+        assert wait_done(bob, batch.id).status == "completed"
+        url_file.write_text("batch.sqlite3\n")  # the Secret rotated to something that is no URL
+        gateway.process.kill()
+        gateway.process.wait()
+    with run_gateway(settings, routes, tmp_path / "no-url") as gateway:
+        with pytest.raises(openai.InternalServerError) as down:
+            client(gateway, BOB).batches.retrieve(batch.id)
+        assert down.value.status_code == 503 and down.value.body["code"] == "batch_store_unavailable"
+        assert f"{url_file}: its first line is not a postgresql:// URL" in gateway.log_text()
+        assert "secret-word" not in gateway.log_text()
+
+
 # -- the store on SQLite and on PostgreSQL ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def postgres():

@@ -48,6 +48,7 @@ def test_an_empty_config_has_working_defaults(tmp_path):
     ("[]", "(top level)"),
     ("false", "(top level)"),
     ("metrics_port: 9091\nmetrics_port: 8080", "'metrics_port' appears twice"),
+    ("batch: {database: a.sqlite3, database_file: /run/secret/url}", "set database or database_file, not both"),
     ("tenants: [{name: a, keys: [{id: k, sha256: %s, id: j}]}]" % DIGEST, "'id' appears twice"),
 ])
 def test_invalid_configs_name_the_problem(tmp_path, text, fragment):
@@ -67,6 +68,8 @@ def test_drain_defaults_to_the_total_timeout_and_files_are_relative_to_the_confi
     path.write_text("shutdown: {drain_s: 7}\nupstream_credential_file: /var/run/sluice/runtime-credential/api-key\n")
     config = load_config(path)
     assert config.drain_s == 7 and str(config.upstream_credential_file).startswith("/var/run/sluice")
+    path.write_text("batch: {database_file: secret/database-url}\n")
+    assert load_config(path).batch.database_file == tmp_path / "secret" / "database-url"
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path):

@@ -44,7 +44,7 @@ class BatchApi:
     def __init__(self, settings: Batch, cost_basis: CostBasis, metrics: GatewayMetrics) -> None:
         self.settings = settings
         self._metrics = metrics
-        self.store = BatchStore(settings.database)
+        self.store = BatchStore(settings.database, settings.database_file)
         self.contents = FileContents(settings.files_dir)
         self._cost_basis = cost_basis
 
@@ -54,7 +54,8 @@ class BatchApi:
             return await self._serve(method, path, query, principal, content_type, body)
         except STORE_ERRORS as exc:
             # The database or the files' directory (a volume) cannot be used: the operator's to fix, so logged.
-            log.error("batch store %s / %s: %s", shown(self.settings.database), self.settings.files_dir, exc)
+            where = self.settings.database_file or shown(self.settings.database)
+            log.error("batch store %s / %s: %s", where, self.settings.files_dir, exc)
             raise GatewayError(503, "the batch store is unavailable; try again later",
                                code="batch_store_unavailable") from None
 

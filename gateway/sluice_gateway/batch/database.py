@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -19,8 +19,14 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+class UnusableUrlFile(Exception):
+    """The file that should hold the database's URL does not."""
+
+
 # What a store that cannot be used raises: the operator's to fix (the file's disk, the server, its password).
-STORE_ERRORS: tuple[type[Exception], ...] = (OSError, sqlite3.Error, psycopg.Error)
+STORE_ERRORS: tuple[type[Exception], ...] = (OSError, sqlite3.Error, psycopg.Error, UnusableUrlFile)
 # The advisory lock every PostgreSQL transaction takes: one number, the store's.
 _PG_LOCK = 0x5C1CE
 
@@ -56,10 +62,25 @@ def shown(location: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
-def open_database(location: str, schema: str) -> Database:
+def open_database(location: str, schema: str, url_file: Path | None = None) -> Database:
+    """`location`: a SQLite file's path or a PostgreSQL URL; `url_file`, when set, holds the URL instead."""
+    if url_file is not None:
+        return PostgresDatabase(lambda: url_in(url_file), schema)
     if location.startswith(POSTGRES_SCHEMES):
-        return PostgresDatabase(location, schema)
+        return PostgresDatabase(lambda: location, schema)
     return SqliteDatabase(Path(location), schema)
+
+
+def url_in(url_file: Path) -> str:
+    """The PostgreSQL URL on the file's first line; never shown in the error, which names the file."""
+    try:
+        lines = url_file.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnusableUrlFile(f"{url_file}: {getattr(exc, 'strerror', None) or exc}") from None
+    url = lines[0].strip() if lines else ""
+    if not url.startswith(POSTGRES_SCHEMES):
+        raise UnusableUrlFile(f"{url_file}: its first line is not a postgresql:// URL")
+    return url
 
 
 class SqliteDatabase:
@@ -115,7 +136,7 @@ class PostgresDatabase:
     """A connection per worker thread, kept; a broken one is replaced at the next transaction. The schema is
     created once per process, under the store's lock, as replicas may start together."""
 
-    def __init__(self, url: str, schema: str) -> None:
+    def __init__(self, url: Callable[[], str], schema: str) -> None:
         self._url = url
         self._schema = schema
         self._local = threading.local()
@@ -127,7 +148,7 @@ class PostgresDatabase:
     def _connection(self) -> psycopg.Connection:
         connection = getattr(self._local, "connection", None)
         if connection is None or connection.closed or connection.broken:
-            connection = psycopg.connect(self._url, connect_timeout=10)
+            connection = psycopg.connect(self._url(), connect_timeout=10)
             self._local.connection = connection
         return connection
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .database import Transaction, open_database
@@ -77,8 +78,9 @@ class QuotaExceeded(Exception):
 
 
 class BatchStore:
-    def __init__(self, location: str) -> None:
-        self._db = open_database(location, _SCHEMA)
+    def __init__(self, location: str, url_file: Path | None = None) -> None:
+        """`location`: a SQLite file's path or a PostgreSQL URL; `url_file`, when set, holds the URL instead."""
+        self._db = open_database(location, _SCHEMA, url_file)
 
     def exists(self) -> bool:
         return self._db.exists()
