@@ -198,6 +198,7 @@ def test_a_streamed_chat_is_one_trace_from_the_gateways_steps_to_the_engines(tra
     assert queue["end"] <= prefill["start"] <= prefill["end"] <= decode["start"] <= decode["end"] <= streamed["end"]
     prompt_tokens = runtime["attributes"]["gen_ai.usage.input_tokens"]
     assert prefill["attributes"]["sluice.prefill.tokens"] == prompt_tokens > 0
+    assert prefill["attributes"]["sluice.prefill.chunks"] == 1
     assert prefill["attributes"]["gen_ai.usage.cache_read.input_tokens"] >= 0
     assert decode["attributes"] == {"sluice.decode.tokens": 3, "sluice.decode.preemptions": 0}
     assert streamed["attributes"]["sluice.stream.chunks"] >= 3

@@ -148,3 +148,14 @@ def test_priority_serves_the_urgent_request_first():
     while engine.has_unfinished_requests():
         order += [o.request_id for o in engine.step() if o.finished]
     assert order[0] == "urgent"
+
+
+def test_a_prompt_longer_than_the_step_budget_is_prefilled_in_chunks_the_request_counts():
+    engine = LLMEngine(EngineConfig(max_num_seqs=2, max_num_batched_tokens=64, num_kv_blocks=64, target_itl_ms="off"))
+    engine.add_request("long", list(range(10, 210)), SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.add_request("short", list(range(10, 40)), SamplingParams(max_tokens=2, ignore_eos=True))
+    ended = {}
+    while engine.has_unfinished_requests():
+        ended |= {o.request_id: o.metrics for o in engine.step() if o.finished}
+    assert ended["short"].num_prefill_chunks == 1
+    assert ended["long"].num_prefill_chunks == 4  # 200 prompt tokens, at most 64 a step

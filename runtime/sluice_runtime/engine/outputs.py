@@ -62,6 +62,9 @@ class RequestMetrics:
     finished_time: float | None = None
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0
+    # Steps that computed part of the first sequence's prompt: more than one when the step budget split it, or a
+    # preemption made it compute the prompt again.
+    num_prefill_chunks: int = 0
 
 
 @dataclass

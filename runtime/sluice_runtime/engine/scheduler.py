@@ -272,6 +272,8 @@ class Scheduler:
             self.running.append(seq)
         allowance.spend(seq.num_computed_tokens, chunk)
         self.blocks.allocate(seq, chunk)
+        if seq.index == 0:
+            seq.group.metrics.num_prefill_chunks += 1
         return chunk
 
     def _make_room(self, seq: Sequence, num_tokens: int, scheduled: set[int]) -> bool:

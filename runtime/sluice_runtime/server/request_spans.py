@@ -48,7 +48,7 @@ def emit(tracing: Tracing, record: RequestRecord, caller: TraceContext | None, a
         spans.append(under("queue", m.arrival_time, m.first_scheduled_time))
         if m.first_token_time is not None:
             spans.append(under("prefill", m.first_scheduled_time, m.first_token_time, {
-                "sluice.prefill.tokens": record.prompt_tokens or 0,
+                "sluice.prefill.tokens": record.prompt_tokens or 0, "sluice.prefill.chunks": m.num_prefill_chunks,
                 "gen_ai.usage.cache_read.input_tokens": m.num_cached_prompt_tokens}))
             if m.finished_time is not None:
                 spans.append(under("decode", m.first_token_time, m.finished_time, {
