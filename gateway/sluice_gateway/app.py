@@ -390,6 +390,10 @@ class GatewayApp:
         own_id = next(_request_ids)
         ctx = RequestContext(BATCH_ENDPOINTS[endpoint], endpoint, own_id, batch_id.encode(), time.perf_counter(),
                              Admission(self.limiter, self.metrics))
+        if self.tracing is not None:  # a trace of its own per line: no client started one
+            ctx.spans = RequestSpans(self.tracing, None, f"batch line {endpoint}")
+            ctx.trace = ctx.spans.trace
+            ctx.spans.root.set_attribute("sluice.batch_id", batch_id)
         ctx.principal = self.keys.batch_line(tenant, key_id)
         if ctx.principal is None:
             body_bytes = GatewayError(403, f"the batch's tenant {tenant!r} is no longer in the gateway's config",

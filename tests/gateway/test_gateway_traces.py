@@ -2,6 +2,8 @@
 to a receiver this module runs, which decodes them with opentelemetry-proto: one trace per request, from the
 gateway's steps to the engine's, for a streamed chat, a retried request and one held while its model starts;
 and nothing exported, no SDK loaded, when tracing is not configured."""
+import io
+import json
 import os
 import subprocess
 import sys
@@ -226,6 +228,34 @@ def test_a_retried_request_has_an_attempt_span_per_endpoint_and_the_engines_unde
     runtime, = named(spans, "POST /v1/chat/completions", "test-runtime")
     assert runtime["parent"] == second["span_id"]
     assert server["attributes"]["sluice.attempts"] == 2
+
+
+def test_each_batch_line_is_a_trace_of_its_own_naming_its_batch(traced_gateway, receiver):
+    client = api(traced_gateway)
+    lines = [{"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions", "body": CHAT} for n in range(2)]
+    upload = client.files.create(file=("in.jsonl", io.BytesIO("".join(json.dumps(line) + "\n" for line in lines)
+                                                                 .encode())), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while (batch := client.batches.retrieve(batch.id)).status != "completed":
+        assert time.monotonic() < deadline and batch.status in ("validating", "in_progress", "finalizing"), batch
+        time.sleep(0.2)
+
+    def roots() -> list[dict]:
+        return [s for s in named(receiver.spans, "batch line /v1/chat/completions", "test-gateway")
+                if s["attributes"].get("sluice.batch_id") == batch.id]
+
+    deadline = time.monotonic() + 20
+    while len(roots()) < 2:
+        assert time.monotonic() < deadline, "a batch line exported no span"
+        time.sleep(0.05)
+    assert len({root["trace_id"] for root in roots()}) == 2
+    for root in roots():
+        spans = receiver.trace(root["trace_id"], lambda spans: bool(named(spans, "decode", "test-runtime")))
+        attempt, = named(spans, "upstream attempt", "test-gateway")
+        runtime, = named(spans, "POST /v1/chat/completions", "test-runtime")
+        assert root["parent"] == "" and attempt["parent"] == root["span_id"] and runtime["parent"] == attempt["span_id"]
+        assert root["attributes"]["sluice.tenant"] == "tara" and root["attributes"]["http.response.status_code"] == 200
 
 
 def test_a_request_held_while_its_model_starts_has_a_hold_span(traced_gateway, traced_runtime, refusing, receiver):
