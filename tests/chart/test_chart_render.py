@@ -35,7 +35,7 @@ def test_lint_is_clean(helm, values):
 
 def test_default_install_runs_operator_gateway_and_their_redis(default_objects):
     kinds = sorted({obj["kind"] for obj in default_objects})
-    assert kinds == ["Deployment", "KopfPeering", "NetworkPolicy", "PodDisruptionBudget", "Role", "RoleBinding",
+    assert kinds == ["Deployment", "KopfPeering", "NetworkPolicy", "Role", "RoleBinding",
                      "Secret", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
                      "ValidatingAdmissionPolicyBinding"]
     assert {d["metadata"]["name"] for d in by_kind(default_objects, "Deployment")} == {
@@ -406,11 +406,15 @@ def test_gateway_presents_the_runtime_credential_the_operator_fills(helm, defaul
                for v in pod_spec(one(alone, "Deployment", "-gateway"))["volumes"])
 
 
-def test_default_gateway_replicas_share_limits_through_redis(default_objects, tmp_path):
-    """Two gateway replicas by default, so Redis is on by default: a default install never multiplies limits."""
+def test_the_default_gateway_keeps_its_counters_in_the_bundled_redis(default_objects, full_objects, tmp_path):
+    """One gateway replica by default (its batch store is a SQLite file of its own); Redis is on all the same, so
+    counters outlive the pod and replicas added later share them. No PodDisruptionBudget for one replica: it would
+    block every node drain."""
     from sluice_gateway.config import load_config
 
-    assert one(default_objects, "Deployment", "-gateway")["spec"]["replicas"] == 2
+    assert one(default_objects, "Deployment", "-gateway")["spec"]["replicas"] == 1
+    assert not by_kind(default_objects, "PodDisruptionBudget")
+    assert one(full_objects, "PodDisruptionBudget", "-gateway")["spec"]["minAvailable"] == 1
     redis = one(default_objects, "StatefulSet", "-redis")
     assert "volumeClaimTemplates" not in redis["spec"], "counters only: no volume to provision"
     assert "--save" in (args := pod_spec(redis)["containers"][0]["args"]) and args[args.index("--save") + 1] == ""
@@ -419,10 +423,10 @@ def test_default_gateway_replicas_share_limits_through_redis(default_objects, tm
 
 
 @pytest.mark.parametrize("args", [
-    ["--set", "redis.bundled.enabled=false"],
+    ["--set", "redis.bundled.enabled=false", "--set", "gateway.replicaCount=2"],
     ["--set", "redis.bundled.enabled=false", "--set", "gateway.replicaCount=3"],
     ["--set", "redis.bundled.enabled=false", "--set", "gateway.replicaCount=1", "--set", "gateway.autoscaling.enabled=true"],
-    ["--set", "redis.bundled.enabled=false", "--set", "redis.url="],
+    ["--set", "redis.bundled.enabled=false", "--set", "redis.url=", "--set", "gateway.replicaCount=2"],
 ], ids=["two-replicas", "three-replicas", "autoscaled", "empty-url"])
 def test_several_gateway_replicas_without_redis_are_refused(helm, args):
     result = helm.run("template", "sluice", str(CHART), *args, check=False)

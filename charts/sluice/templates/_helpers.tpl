@@ -100,8 +100,14 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- with $c.routing }}{{ $_ := set $config "routing" . }}{{ end -}}
 {{- with $c.coldStart }}{{ $_ := set $config "cold_start" . }}{{ end -}}
 {{- with $c.responses }}{{ $_ := set $config "responses" . }}{{ end -}}
-{{- $batchStore := dict "database" (printf "%s/batch.db" (include "sluice.batchStoreDir" $root)) "files_dir" (printf "%s/files" (include "sluice.batchStoreDir" $root)) -}}
-{{- $_ := set $config "batch" (merge (deepCopy ($c.batch | default dict)) $batchStore) -}}
+{{- $batch := deepCopy ($c.batch | default dict) -}}
+{{- $_ := set $batch "files_dir" (printf "%s/files" (include "sluice.batchStoreDir" $root)) -}}
+{{- if $root.Values.gateway.batchStore.databaseSecret.name -}}
+{{- $_ := set $batch "database_file" (include "sluice.batchDatabaseFile" $root) -}}
+{{- else -}}
+{{- $_ := set $batch "database" (printf "%s/batch.db" (include "sluice.batchStoreDir" $root)) -}}
+{{- end -}}
+{{- $_ := set $config "batch" $batch -}}
 {{- with $c.priority }}{{ $_ := set $config "priority" . }}{{ end -}}
 {{- with $c.audit }}{{ $_ := set $config "audit" . }}{{ end -}}
 {{- with (include "sluice.redisUrl" $root) }}
@@ -113,5 +119,24 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- toYaml $config -}}
 {{- end -}}
 
-{{/* The gateway's writable volume for the batch store (its config's Secret mount is read-only). */}}
+{{/* The gateway's writable volume for the batch store (its config's Secret mount is read-only): the files'
+     contents, and the SQLite file when no PostgreSQL Secret is named. */}}
 {{- define "sluice.batchStoreDir" -}}/var/lib/sluice/batch{{- end -}}
+
+{{/* Where the PostgreSQL URL's Secret is mounted: a fixed file name, whatever its key, so that an existingSecret
+     gateway.yaml can name it too. */}}
+{{- define "sluice.batchDatabaseDir" -}}/var/run/sluice/batch-database{{- end -}}
+{{- define "sluice.batchDatabaseFile" -}}{{ include "sluice.batchDatabaseDir" . }}/url{{- end -}}
+
+{{/* The claim the batch volume is, or empty for the pod's own emptyDir. */}}
+{{- define "sluice.batchClaim" -}}
+{{- $v := .Values.gateway.batchStore.volume -}}
+{{- if $v.existingClaim -}}{{ $v.existingClaim }}{{- else if $v.create -}}{{ include "sluice.fullname" . }}-batch{{- end -}}
+{{- end -}}
+
+{{/* "true" when more than one gateway replica may run (the autoscaler may add one). */}}
+{{- define "sluice.gatewayReplicated" -}}
+{{- $g := .Values.gateway -}}
+{{- if $g.autoscaling.enabled -}}{{ if gt (int $g.autoscaling.maxReplicas) 1 }}true{{ end }}
+{{- else if gt (int $g.replicaCount) 1 -}}true{{- end -}}
+{{- end -}}
