@@ -35,6 +35,8 @@ class Compiled:
     table: RoutingTable
     verdicts: dict[str, RouteVerdict]
     adapter_conflicts: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, adapter) → why not routed
+    served: dict[str, str] = field(default_factory=dict)  # ModelRoute → the public name it serves in the table
+    missing: dict[str, list[str]] = field(default_factory=dict)  # ModelRoute in the table → its backends not found
 
 
 # InferenceModel name → endpoint URL → the adapters loaded there.
@@ -119,7 +121,8 @@ def compile_routes(
         verdicts[route_name] = _verdict(route.backends, missing, [f for f in spec.fallbacks if f not in table])
     compiled = RoutingTable(generation=0, routes=dict(sorted(table.items())))
     generation = _next_generation(previous, compiled)
-    return Compiled(compiled.model_copy(update={"generation": generation}), verdicts, conflicts)
+    return Compiled(compiled.model_copy(update={"generation": generation}), verdicts, conflicts,
+                    {route: name for name, route in owners.items()}, missing_of)
 
 
 def _model_routes(models: Mapping[str, InferenceModelSpec], endpoints: Mapping[str, list[str]],

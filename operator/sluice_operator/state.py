@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice_contracts.routing_table import RoutingTable
+from sluice_contracts.routing_table import Route, RoutingTable
 
 from .autoscaler import DemandClock, History
 from .builders import ModelPolicy, Release
@@ -29,8 +29,9 @@ class PendingDrain:
 class ModelAdapters:
     """What the last adapter sync of one InferenceModel found on its serving replicas."""
 
-    loaded: dict[str, frozenset[str]]  # endpoint URL → the declared adapters loaded there
-    replicas: dict[str, dict[str, tuple[str, str]]]  # pod → adapter → (Loaded or Failed, message)
+    loaded: dict[str, frozenset[str]]  # endpoint URL → the adapters loaded there
+    # pod → adapter → (Loaded or Failed, message): each declared adapter, and any other the replica still holds
+    replicas: dict[str, dict[str, tuple[str, str]]]
 
 
 @dataclass
@@ -43,6 +44,7 @@ class OperatorState:
     histories: dict[str, History] = field(default_factory=dict)  # by uid: a recreated model starts afresh
     drains: dict[str, PendingDrain] = field(default_factory=dict)
     tables: dict[str, RoutingTable] = field(default_factory=dict)  # by namespace, as last written
+    served_routes: dict[str, dict[str, Route]] = field(default_factory=dict)  # by namespace: ModelRoute → its route
     statuses: Coalescer = field(default_factory=lambda: Coalescer(0.1))
     routing: Coalescer = field(default_factory=lambda: Coalescer(0.1))
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)

@@ -538,6 +538,26 @@ def test_a_route_taking_a_models_own_name_is_reported_and_the_model_keeps_it(sam
     api.run("delete", "mr", "takeover", "--wait=false")
 
 
+def test_a_weight_change_is_one_normal_event_on_the_route_and_a_touch_writes_none(samples):
+    api = samples
+    route = {"apiVersion": "sluice.dev/v1alpha1", "kind": "ModelRoute", "metadata": {"name": "weighted"},
+             "spec": {"model": "weighted", "backends": [{"inferenceModel": "smollm2", "weight": 90}]}}
+    api.apply(route)
+
+    def changes():
+        return sorted((e["type"], e["message"]) for e in _events(api, "weighted", "RoutesChanged"))
+
+    wait_for(lambda: len(changes()) == 1, what="the new route's RoutesChanged event")
+    route["spec"]["backends"][0]["weight"] = 50
+    api.apply(route)
+    wait_for(lambda: len(changes()) == 2, what="the weight change's RoutesChanged event")
+    # The annotation recompiles the namespace (every ModelRoute event does, its status patches too) and changes no route.
+    api.run("annotate", "mr", "weighted", "touched=yes")
+    time.sleep(2)
+    assert changes() == [("Normal", "backend smollm2 weight 90 → 50"), ("Normal", "now in the routing table: smollm2=90")]
+    api.run("delete", "mr", "weighted")
+
+
 def test_deletion_leaves_nothing_behind(setup, samples):
     api, operator = setup
     api.run("delete", "mr", "chat")

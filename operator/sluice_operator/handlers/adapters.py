@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from sluice_contracts import runtime_credential
 
 from ..adapter_sync import RuntimeApiError, adapters_loaded, load_adapter, plan, unload_adapter
+from ..admin_events import adapter_events
 from ..builders import selector_string
 from ..builders.adapters import adapter_path
 from ..crd import InferenceModel, InferenceModelSpec
@@ -33,7 +34,8 @@ RESYNC_SECONDS = 30.0
 
 async def _sync_pod(session: aiohttp.ClientSession, credential: str | None, url: str,
                     wanted: dict[str, str]) -> dict[str, tuple[str, str]] | None:
-    """Adapter → (state, message) on one replica after bringing it in line; None when it cannot be asked."""
+    """Adapter → (state, message) on one replica after bringing it in line: each declared adapter, and any other
+    it still holds (an unload that failed), as Loaded; None when it cannot be asked."""
     try:
         on = await adapters_loaded(session, url, credential)
     except RuntimeApiError as exc:
@@ -52,8 +54,8 @@ async def _sync_pod(session: aiohttp.ClientSession, credential: str | None, url:
             if step.action == "load":
                 found[step.name] = ("Failed", str(exc))
             log.warning("%s adapter %s on %s: %s", step.action, step.name, url, exc)
-    for name in wanted:
-        if name in on and name not in found:
+    for name in on:
+        if name not in found:
             found[name] = ("Loaded", "")
     return found
 
@@ -90,6 +92,8 @@ async def sync(state: OperatorState, namespace: str, name: str) -> None:
     if previous == current:
         return
     _report_failures(model, previous, current)
+    for event in adapter_events(previous.replicas if previous is not None else {}, current.replicas):
+        kopf.info(model, reason=event.reason, message=event.message)
     request_compile(state, namespace)
     request_refresh(state, namespace, name)
 

@@ -10,11 +10,12 @@ from pydantic import ValidationError
 
 from sluice_contracts.routing_table import RoutingTable, RoutingTableError, parse_routing_table
 
+from ..admin_events import route_events
 from ..builders import ROUTING_TABLE, ROUTING_TABLE_KEY, build_routing_table
 from ..crd import LABEL_MODEL, Condition, InferenceModel, InferenceModelSpec, ModelRoute, ModelRouteSpec
 from ..crd.status import merge_conditions
 from ..pods import ready_endpoints
-from ..route_compiler import RouteVerdict, backends_column, compile_routes
+from ..route_compiler import Compiled, RouteVerdict, backends_column, compile_routes
 from ..state import OperatorState
 from . import release_objects
 from .model_status import now, request_refresh
@@ -124,6 +125,7 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
         # gateway mounts the table as an optional volume, so a missing one means no routes there too.
         await kube.delete("ConfigMap", namespace, ROUTING_TABLE)
         state.tables.pop(namespace, None)
+        state.served_routes.pop(namespace, None)
         state.adapter_conflicts.pop(namespace, None)
         state.metrics.forget_namespace(namespace)
         return
@@ -141,9 +143,27 @@ async def _compile_namespace(state: OperatorState, namespace: str) -> None:
         log.info("routing table %s/%s generation %d", namespace, ROUTING_TABLE, table.generation)
     state.tables[namespace] = table
     state.metrics.table_generation.labels(namespace).set(table.generation)
+    _report_route_changes(state, namespace, route_objs, previous, compiled)
     await _publish_verdicts(state, namespace, route_objs, {**compiled.verdicts, **invalid})
     _count_endpoints(state, namespace, [obj for obj in model_objs if obj["metadata"]["name"] in models], endpoints)
     _warn_adapter_conflicts(state, namespace, model_objs, compiled.adapter_conflicts)
+
+
+def _report_route_changes(state: OperatorState, namespace: str, route_objs: list[dict[str, Any]],
+                          previous: RoutingTable | None, compiled: Compiled) -> None:
+    """A RoutesChanged event on each ModelRoute whose route in the table changed since the last compile."""
+    served = {route: compiled.table.routes[name] for route, name in compiled.served.items()}
+    before = state.served_routes.get(namespace)
+    if before is None:
+        # The first compile since the operator started: what the table it found routes under each public name is
+        # what was routed, so a restart reports nothing, and an edit made meanwhile is reported once.
+        known = previous.routes if previous is not None else {}
+        before = {route: known[name] for route, name in compiled.served.items() if name in known}
+    state.served_routes[namespace] = served
+    by_name = {obj["metadata"]["name"]: obj for obj in route_objs}
+    for route, event in route_events(before, served, compiled.missing).items():
+        if route in by_name:
+            kopf.info(by_name[route], reason=event.reason, message=event.message)
 
 
 def _warn_adapter_conflicts(state: OperatorState, namespace: str, model_objs: list[dict[str, Any]],
