@@ -734,6 +734,10 @@ def test_7d_lora_adapters_served_added_without_a_restart_and_split_by_a_canary(s
     wait_for(lambda: {a["name"]: a["replicas"] for a in stack.get("im", LORA_MODEL)["status"]["adapters"]}
              == {"sql-v1": loaded, "sql-v2": loaded, "tone": loaded}, timeout=30, what="each adapter Loaded in status")
     wait_for(lambda: _im_columns(stack)[LORA_MODEL]["ADAPTERS"] == "3", timeout=30, what="kubectl get im to show 3")
+    # The admin trail on the object: the load is an event naming the adapter and the replica.
+    wait_for(lambda: f"adapter tone loaded on {pod['metadata']['name']}"
+             in {e["message"] for e in stack.events(LORA_MODEL, "AdapterLoaded")}, timeout=30,
+             what="an AdapterLoaded event for the added adapter")
 
     # A canary between two versions of an adapter splits as the weights say.
     load = stack.load("sql", concurrency=4, max_tokens=1).start()
