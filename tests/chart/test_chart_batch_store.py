@@ -11,7 +11,6 @@ from chart.helm_tool import CHART, Helm, by_kind, helm_binary, one, pod_spec
 pytestmark = pytest.mark.integration
 
 STORE_DIR = "/var/lib/sluice/batch"
-DATABASE_FILE = "/var/run/sluice/batch-database/url"
 # Several replicas sharing batches: what the chart asks of them.
 SHARED = ["--set", "gateway.replicaCount=3", "--set", "gateway.batchStore.databaseSecret.name=pg-app",
           "--set", "gateway.batchStore.databaseSecret.key=uri", "--set", "gateway.batchStore.volume.create=true",
@@ -22,11 +21,6 @@ SHARED = ["--set", "gateway.replicaCount=3", "--set", "gateway.batchStore.databa
 @pytest.fixture(scope="module")
 def helm(request) -> Helm:
     return Helm(helm_binary(request))
-
-
-@pytest.fixture(scope="module")
-def shared_text(helm) -> str:
-    return helm.template_text(*SHARED)
 
 
 def _gateway_config(objects: list[dict], tmp_path):
@@ -60,7 +54,8 @@ def test_by_default_one_replica_keeps_its_batches_in_sqlite_on_its_own_volume(he
     assert not [rule for rule in egress if {"port": 5432, "protocol": "TCP"} in rule.get("ports", [])]
 
 
-def test_several_replicas_share_postgres_from_a_secret_and_one_claim(helm, shared_text, tmp_path):
+def test_several_replicas_share_postgres_from_a_secret_and_one_claim(helm, tmp_path):
+    shared_text = helm.template_text(*SHARED)
     objects = [doc for doc in yaml.safe_load_all(shared_text) if doc]
     deployment = one(objects, "Deployment", "-gateway")
     spec = pod_spec(deployment)
@@ -71,7 +66,6 @@ def test_several_replicas_share_postgres_from_a_secret_and_one_claim(helm, share
     assert (secret["secretName"], secret["items"]) == ("pg-app", [{"key": "uri", "path": "url"}])
     mount = _mount(spec, "batch-database")
     assert mount["readOnly"] is True and "subPath" not in mount
-    assert DATABASE_FILE.startswith(mount["mountPath"] + "/")
     claim = one(objects, "PersistentVolumeClaim", "-batch")
     assert _volume(spec, "batch-store")["persistentVolumeClaim"] == {"claimName": claim["metadata"]["name"]}
     assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs",
@@ -79,7 +73,9 @@ def test_several_replicas_share_postgres_from_a_secret_and_one_claim(helm, share
     assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", \
         "the files must outlive `helm uninstall` as the database they belong to does"
     config = _gateway_config(objects, tmp_path)
-    assert (str(config.batch.database_file), str(config.batch.files_dir)) == (DATABASE_FILE, f"{STORE_DIR}/files")
+    # The file gateway.yaml names is the one the kubelet writes the Secret's key to; the files are on the claim.
+    assert str(config.batch.database_file) == f"{mount['mountPath']}/{secret['items'][0]['path']}"
+    assert config.batch.files_dir.parent.as_posix() == _mount(spec, "batch-store")["mountPath"]
     assert "database" not in config.batch.model_fields_set
     # The chart only ever holds the Secret's name: no URL, password or scheme in anything it renders.
     assert "postgresql" not in shared_text and "postgres://" not in shared_text
