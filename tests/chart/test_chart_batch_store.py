@@ -110,7 +110,7 @@ def test_every_batch_setting_of_the_gateway_passes_the_schema_with_the_gateways_
         if name in chart and "type" in field:
             assert {k: chart[name].get(k) for k in bounds} == {k: field.get(k) for k in bounds}, name
     tenant_limits = schema["config"]["properties"]["tenants"]["items"]["properties"]["limits"]["properties"]
-    assert {name for name in Limits.model_fields if name.startswith("batch_")} <= set(tenant_limits)
+    assert set(Limits.model_fields) == set(tenant_limits)  # every tenant limit the gateway knows, no other
     settings = {"max_file_bytes": 1024, "max_file_lines": 10, "concurrency": 2, "lease_s": 5, "max_attempts": 3,
                 "retry_backoff_s": 0.5, "priority_class": "standard"}
     batch = _gateway_config(helm.template("--set-json", f"gateway.config.batch={json.dumps(settings)}"), tmp_path).batch
