@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) | md5sum | cut -c
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-$(shell cat $(CLIENTS_LOCK) | md5sum | cut -c1-8)
 
-.PHONY: install lock lint docs run test test-unit e2e crds chart-check images images-check bench-engine bench-embed bench-serve bench-gateway bench-priority cluster-build cluster-up cluster-down clean
+.PHONY: install lock lint docs run test test-unit e2e crds chart-check images images-check bench-engine bench-embed bench-serve bench-gateway bench-priority bench-batch cluster-build cluster-up cluster-down clean
 
 # Every package comes from the lock, at its exact version and with its file's hash; the project goes on top,
 # editable, without resolving anything again.
@@ -83,6 +83,10 @@ bench-gateway: install
 # A critical tenant's TTFT alone and under a batch flood, priority classes on vs off, same run.
 bench-priority: install
 	$(PY) bench/priority_bench.py
+
+# Online TTFT with a 2,000-line batch running and without, and the batch's throughput against LLM.generate.
+bench-batch: install
+	$(PY) bench/batch_bench.py
 
 # Local control plane built from source (localcluster/README.md); stdlib only, so no venv is needed.
 cluster-build:
