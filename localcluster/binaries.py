@@ -13,7 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 BUILD_DIR = Path(__file__).resolve().parent / "gomod"
 
@@ -74,6 +74,11 @@ class Component:
         return ["go", "install", "-trimpath", "-ldflags", self.ldflags, *self.packages], None
 
 
+# Not part of the cluster: the tracing backend the traces tests export to (tests/fixtures/jaeger.py), built here so
+# that one build step and one stamp file cover every Go program the tests run.
+JAEGER = Component(name="jaeger", binaries=("jaeger",), packages=("github.com/jaegertracing/jaeger/cmd/jaeger",),
+                   module="jaeger")
+
 COMPONENTS = (
     Component(
         name="kubernetes",
@@ -97,6 +102,7 @@ COMPONENTS = (
     Component(name="kube-router", binaries=("kube-router",),
               packages=(f"github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@{KUBE_ROUTER_VERSION}",)),
     Component(name="pause", binaries=("pause",), packages=(".",), module="pause", static=True),
+    JAEGER,
 )
 
 
@@ -116,19 +122,20 @@ def _stamps_path(bin_dir: Path) -> Path:
     return bin_dir / ".built.json"
 
 
-def missing_components(bin_dir: Path) -> list[Component]:
+def missing_components(bin_dir: Path, components: Iterable[Component] = COMPONENTS) -> list[Component]:
     stamps_file = _stamps_path(bin_dir)
     stamps = json.loads(stamps_file.read_text()) if stamps_file.exists() else {}
     return [
         c
-        for c in COMPONENTS
+        for c in components
         if stamps.get(c.name) != c.fingerprint() or not all((bin_dir / b).exists() for b in c.binaries)
     ]
 
 
-def build(bin_dir: Path, log: Callable[[str], None] = print) -> dict[str, float]:
-    """Builds what is missing or stale into bin_dir; returns seconds spent per component built."""
-    missing = missing_components(bin_dir)
+def build(bin_dir: Path, log: Callable[[str], None] = print,
+          components: Iterable[Component] = COMPONENTS) -> dict[str, float]:
+    """Builds what is missing or stale of `components` into bin_dir; returns seconds spent per component built."""
+    missing = missing_components(bin_dir, components)
     if not missing:
         return {}
     go = go_binary()
