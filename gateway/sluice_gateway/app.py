@@ -36,6 +36,7 @@ from .adapted_api import AdaptedSend, Stopped
 from .admission import Admission
 from .audit.admin_events import event, key_events, table_event
 from .audit.answer_watch import AnswerWatch
+from .audit.prompt_capture import Capture, write_failures
 from .audit.request_record import own_record, request_record
 from .audit.sink import AuditSink
 from .auth import KeyStore, require_principal
@@ -45,7 +46,7 @@ from .batch.executor import BatchExecutor
 from .budget import client_budget
 from .client_io import ClientGone, DeadlinedSend, read_body, send_all
 from .cold_start_hold import ColdStartHold
-from .config import START_ONLY_FIELDS, GatewayConfig
+from .config import START_ONLY_FIELDS, GatewayConfig, PromptCapture
 from .cost import check_context, reserve
 from .errors import GatewayError
 from .files.gateway_files import WatchedFiles
@@ -131,6 +132,8 @@ class GatewayApp:
         # Streamed responses running on this replica, by (tenant, id): what POST /v1/responses/{id}/cancel stops.
         self.running_responses: dict[tuple[str, str], ResponsesAdapter] = {}
         self.audit = AuditSink("off", self.metrics.audit_write_failures.inc)
+        self._capture_failures = write_failures(self.metrics.registry)
+        self.capture = Capture(PromptCapture(), self._capture_failures.inc, lambda: self.config)
         self._usage_task: asyncio.Task | None = None
         self._rejected: dict[str, str | None] = {}  # the problem of each followed file, as last written to the trail
         self.files = WatchedFiles(config_path, routes_path, self.metrics, self.apply_config, self.apply_table)
@@ -158,6 +161,8 @@ class GatewayApp:
         self.batch_api = BatchApi(config.batch, lambda: (self.table, self.config.default_max_tokens), self.metrics)
         self.audit.close()
         self.audit = AuditSink(config.audit.sink, self.metrics.audit_write_failures.inc)
+        self.capture.close()
+        self.capture = Capture(config.audit.prompt_capture, self._capture_failures.inc, lambda: self.config)
         self.usage: UsageStore = (RedisUsage(self.limiter.client) if isinstance(self.limiter, RedisLimiter)
                                   else MemoryUsage())
         if self._started:
@@ -254,6 +259,7 @@ class GatewayApp:
         await self.usage.close()  # before the limiter's: it writes on the limiter's connection
         await self.limiter.close()
         self.audit.close()
+        self.capture.close()
         if self.tracing is not None:
             self.tracing.shutdown()
 
@@ -408,6 +414,7 @@ class GatewayApp:
         """Serve one proxied request; whatever happens, answer it in the API's format, settle and record it.
         `batch_id`: the batch of a batch line (None: online); `source`: the client's address."""
         watch = AnswerWatch()
+        capture = self.capture.watch(ctx)  # None unless a tenant opted in to prompt capture
 
         async def send_tracked(message: dict[str, Any]) -> None:
             ctx.response_started = True
@@ -415,6 +422,8 @@ class GatewayApp:
             if ctx.stream and message["type"] == "http.response.body":
                 ctx.admission.streamed(message.get("body", b""))
             await send(message)
+            if capture is not None:
+                capture.saw(message)
 
         self.metrics.in_flight.inc()
         try:
@@ -450,6 +459,8 @@ class GatewayApp:
             await ctx.admission.settle(ctx.outcome.prompt_tokens, ctx.outcome.completion_tokens, ctx.outcome.status)
             record(ctx, self.metrics, self.config.access_log, batch_id)
             self._account(ctx, watch, batch_id, source, admitted)
+            if capture is not None:
+                capture.done(batch_id)
             if ctx.spans.root.is_recording():
                 _end_request_span(ctx, watch.error_code)
 

@@ -73,6 +73,11 @@ class Tenant(_Strict):
         default=request_priority.DEFAULT_SHARE, ge=request_priority.MIN_SHARE, le=request_priority.MAX_SHARE,
         strict=True, description="Weight against the other tenants of its class when a runtime is saturated.",
     )
+    prompt_capture_rate: float | None = Field(
+        default=None, gt=0, le=1,
+        description="Share of this tenant's requests whose prompt and answer go, redacted, to "
+                    "audit.prompt_capture.sink, drawn at random for each request; unset: none is captured.",
+    )
 
 
 _CLASS_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -303,28 +308,78 @@ class Batch(_Strict):
     )
 
 
+_Sink = Literal["off", "stdout", "stderr"] | Path
+
+
+def _sink_value(value: object) -> object:
+    return "off" if value is False else value  # YAML reads a bare `off` as false
+
+
+def _a_file_or_stream(value: str | Path) -> str | Path:
+    if isinstance(value, Path) and str(value) in ("", "."):
+        raise ValueError("must be off, stdout, stderr or the path of a file")
+    return value
+
+
+class PromptCapture(_Strict):
+    """Prompts and answers of the tenants that opt in (`tenants[].prompt_capture_rate`), redacted, on a sink of
+    their own; what a record holds and who should read it is in gateway/README.md ("Audit and usage")."""
+
+    sink: _Sink = Field(
+        default="off",
+        description="Where the captured prompts go: `off`, `stdout` (only with access_log off), `stderr` or a file "
+                    "they are appended to (relative to this file); never the audit trail's own sink.",
+    )
+    redact: tuple[str, ...] = Field(
+        default=(),
+        description="Regular expressions (Python's `re`) of further text replaced by `[redacted]`, besides the "
+                    "built-in ones: e-mail addresses, API keys and bearer tokens, long runs of digits.",
+    )
+    max_chars: int = Field(
+        default=16384, ge=256, le=1 << 20, strict=True,
+        description="Characters kept of a request's prompt, and as many of its answer; past them it is cut, and "
+                    "the record says so.",
+    )
+
+    _unquoted_off = field_validator("sink", mode="before")(_sink_value)
+    _names_a_file = field_validator("sink")(_a_file_or_stream)
+
+    @field_validator("redact")
+    @classmethod
+    def _expressions(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for number, pattern in enumerate(patterns):
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"redact[{number}] {pattern!r} is not a regular expression: {exc}") from None
+            if compiled.fullmatch(""):
+                raise ValueError(f"redact[{number}] {pattern!r} matches the empty string, so it would redact "
+                                 "between every two characters")
+        return patterns
+
+
 class Audit(_Strict):
     """The audit trail: one JSON line per request answered and per admin event, never a prompt, a completion or a
     key; what a record holds is in gateway/README.md ("Audit and usage")."""
 
-    sink: Literal["off", "stdout", "stderr"] | Path = Field(
+    sink: _Sink = Field(
         default="off",
         description="Where the records go: `off`, `stdout`, `stderr` (apart from the access log, which is on "
                     "stdout), or a file they are appended to (relative to this file); a file that cannot be "
                     "opened leaves the gateway not ready.",
     )
+    prompt_capture: PromptCapture = PromptCapture()
 
-    @field_validator("sink", mode="before")
-    @classmethod
-    def _unquoted_off(cls, value: object) -> object:
-        return "off" if value is False else value  # YAML reads a bare `off` as false
+    _unquoted_off = field_validator("sink", mode="before")(_sink_value)
+    _names_a_file = field_validator("sink")(_a_file_or_stream)
 
-    @field_validator("sink")
-    @classmethod
-    def _names_a_file(cls, value: str | Path) -> str | Path:
-        if isinstance(value, Path) and str(value) in ("", "."):
-            raise ValueError("must be off, stdout, stderr or the path of a file")
-        return value
+    @model_validator(mode="after")
+    def _capture_apart(self) -> "Audit":
+        capture = self.prompt_capture.sink
+        if capture != "off" and capture == self.sink:
+            raise ValueError(f"prompt_capture.sink {str(capture)!r} is the audit trail's own sink: captured prompts "
+                             "need one of their own")
+        return self
 
 
 class GatewayConfig(_Strict):
@@ -399,6 +454,16 @@ class GatewayConfig(_Strict):
         return self.batch.priority_class or max(classes, key=lambda name: (classes[name], name))
 
     @model_validator(mode="after")
+    def _capture_has_a_sink_of_its_own(self) -> "GatewayConfig":
+        capture = self.audit.prompt_capture.sink
+        if capture == "stdout" and self.access_log:
+            raise ValueError("audit.prompt_capture.sink stdout would mix captured prompts into the access log: "
+                             "set access_log false, or give the capture a file")
+        if capture == "off" and (opted := [t.name for t in self.tenants if t.prompt_capture_rate is not None]):
+            raise ValueError(f"tenants {opted} set prompt_capture_rate, but audit.prompt_capture.sink is off")
+        return self
+
+    @model_validator(mode="after")
     def _tenant_classes_exist(self) -> "GatewayConfig":
         for tenant in self.tenants:
             if tenant.priority is not None and tenant.priority not in self.priority.classes:
@@ -463,6 +528,14 @@ def load_config(path: str | Path) -> GatewayConfig:
         batch["database"] = str(Path(path).parent / config.batch.database)
     if batch:
         relative["batch"] = config.batch.model_copy(update=batch)
-    if isinstance(config.audit.sink, Path) and not config.audit.sink.is_absolute():
-        relative["audit"] = config.audit.model_copy(update={"sink": Path(path).parent / config.audit.sink})
+    audit = config.audit
+    sink, capture = (Path(path).parent / value if isinstance(value, Path) and not value.is_absolute() else value
+                     for value in (audit.sink, audit.prompt_capture.sink))
+    if (sink, capture) != (audit.sink, audit.prompt_capture.sink):
+        relative["audit"] = audit.model_copy(update={
+            "sink": sink, "prompt_capture": audit.prompt_capture.model_copy(update={"sink": capture})})
+    if isinstance(sink, Path) and isinstance(capture, Path) and sink.resolve() == capture.resolve():
+        raise ConfigError(f"invalid gateway config {path}: audit.prompt_capture.sink {capture} is the audit "
+                          "trail's own file: captured prompts need one of their own")
     return config.model_copy(update=relative) if relative else config
+

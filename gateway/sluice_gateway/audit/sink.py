@@ -16,9 +16,12 @@ log = logging.getLogger("sluice_gateway.audit")
 
 
 class AuditSink:
-    def __init__(self, target: str | Path, failed: Callable[[], None] = lambda: None) -> None:
-        """`failed` is called for each record that could not be written."""
+    def __init__(self, target: str | Path, failed: Callable[[], None] = lambda: None, *,
+                 setting: str = "audit.sink", record: str = "audit record") -> None:
+        """`failed` is called for each record that could not be written; `setting` and `record` name the sink and
+        what it holds in what the log says of it."""
         self._failed = failed
+        self._record = record
         self.problem: str | None = None  # why the file cannot be written: the gateway is not ready meanwhile
         self._stream: IO[str] | None = None
         self._owned = False
@@ -30,7 +33,7 @@ class AuditSink:
             try:
                 self._stream = target.open("a", encoding="utf-8")
             except OSError as exc:
-                self.problem = f"audit.sink {target} cannot be opened for writing: {exc.strerror}"
+                self.problem = f"{setting} {target} cannot be opened for writing: {exc.strerror}"
                 log.error("%s", self.problem)
             else:
                 self._owned = True
@@ -46,7 +49,7 @@ class AuditSink:
             self._stream.write(json.dumps(record, separators=(",", ":")) + "\n")
             self._stream.flush()
         except OSError as exc:  # a full disk: said in the log, the request is served all the same
-            log.error("audit record not written: %s", exc.strerror)
+            log.error("%s not written: %s", self._record, exc.strerror)
             self._failed()
 
     def close(self) -> None:
