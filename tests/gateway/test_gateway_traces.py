@@ -1,7 +1,7 @@
-"""OpenTelemetry traces from the real gateway and runtime, exported over OTLP/HTTP (the standard OTEL_* environment)
-to a receiver this module runs, which decodes them with opentelemetry-proto: one trace per request, from the
-gateway's steps to the engine's, for a streamed chat, a retried request and one held while its model starts;
-and nothing exported, no SDK loaded, when tracing is not configured."""
+"""OpenTelemetry traces from the real gateway and runtime, exported over OTLP (the standard OTEL_* environment;
+the gateway over HTTP, the runtime over gRPC) to a real Jaeger and read back from its query API: one trace per
+request, from the gateway's steps to the engine's, for a streamed chat, a retried request, one held while its
+model starts and each batch line; and nothing exported, no SDK loaded, when tracing is not configured."""
 import io
 import json
 import os
@@ -9,17 +9,16 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler
 
 import httpx
 import openai
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
+from fixtures.cluster import _reporter
 from fixtures.gateway import RUNTIME_ARGS, TINY_MODEL_NAME, backend, gateway_config, key_entry, run_gateway, table
+from fixtures.jaeger import CLIENT, INTERNAL, SERVER, Span, start_jaeger
 from fixtures.loopback_http import LoopbackServer, reply
 from sluice_contracts.tracing_environment import TracingSettingsError, otlp_protocol
 
@@ -30,53 +29,6 @@ TRACE = "5bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "10f067aa0ba902b7"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 3}
 GATEWAY_STEPS = ["auth", "route", "limits", "upstream attempt"]
-
-
-class Receiver(LoopbackServer):
-    """An OTLP/HTTP trace endpoint: every span it was sent, as plain dicts."""
-
-    def __init__(self) -> None:
-        self.spans: list[dict] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
-                for resource_spans in request.resource_spans:
-                    service = _attributes(resource_spans.resource.attributes)["service.name"]
-                    for scope_spans in resource_spans.scope_spans:
-                        receiver.spans.extend(_span(service, span) for span in scope_spans.spans)
-                reply(self, 200, ExportTraceServiceResponse().SerializeToString(), "application/x-protobuf")
-
-            def log_message(self, *args) -> None:
-                pass
-
-        super().__init__(Handler)
-
-    def trace(self, trace_id: str, until, timeout: float = 20) -> list[dict]:
-        """The trace's spans, by start time, once `until(spans)` holds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            spans = sorted((s for s in self.spans if s["trace_id"] == trace_id), key=lambda s: s["start"])
-            if until(spans):
-                return spans
-            assert time.monotonic() < deadline, f"trace {trace_id} incomplete: {[s['name'] for s in spans]}"
-            time.sleep(0.05)
-
-
-def _span(service: str, span) -> dict:
-    return {"service": service, "name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-            "parent": span.parent_span_id.hex(), "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
-            "attributes": _attributes(span.attributes)}
-
-
-def _attributes(pairs) -> dict:
-    def value(any_value):
-        kind = any_value.WhichOneof("value")
-        if kind == "array_value":
-            return [value(v) for v in any_value.array_value.values]
-        return getattr(any_value, kind)
-    return {pair.key: value(pair.value) for pair in pairs}
 
 
 class Refusing(LoopbackServer):
@@ -102,23 +54,17 @@ class Refusing(LoopbackServer):
         super().__init__(Handler)
 
 
-def otel_environment(receiver: Receiver, service: str) -> dict:
-    return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_SERVICE_NAME": service, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+@pytest.fixture(scope="module")
+def jaeger(request):
+    with start_jaeger(log=_reporter(request.config)) as jaeger:
+        yield jaeger
 
 
 @pytest.fixture(scope="module")
-def receiver():
-    receiver = Receiver()
-    yield receiver
-    receiver.close()
-
-
-@pytest.fixture(scope="module")
-def traced_runtime(receiver, tiny_model_dir):
+def traced_runtime(jaeger, tiny_model_dir):
     from fixtures.runtime_server import start_runtime_server
 
-    env = {**os.environ, **otel_environment(receiver, "test-runtime")}
+    env = {**os.environ, **jaeger.environment("test-runtime", "grpc")}
     with start_runtime_server(*RUNTIME_ARGS, model=str(tiny_model_dir), timeout=240, env=env) as runtime:
         yield runtime
 
@@ -143,9 +89,9 @@ def refusing(traced_runtime):
 
 
 @pytest.fixture(scope="module")
-def traced_gateway(receiver, traced_runtime, refusing, tmp_path_factory):
+def traced_gateway(jaeger, traced_runtime, refusing, tmp_path_factory):
     with pytest.MonkeyPatch.context() as env:
-        for name, value in otel_environment(receiver, "test-gateway").items():
+        for name, value in jaeger.environment("test-gateway").items():
             env.setenv(name, value)
         gateway = run_gateway(config(), routes(traced_runtime.url, refusing.url),
                               tmp_path_factory.mktemp("traced-gateway"))
@@ -158,79 +104,89 @@ def api(gateway) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
-def named(spans: list[dict], name: str, service: str) -> list[dict]:
-    return [s for s in spans if s["name"] == name and s["service"] == service]
+def named(spans: list[Span], name: str, service: str) -> list[Span]:
+    return [s for s in spans if s.name == name and s.service == service]
 
 
-def complete(spans: list[dict]) -> bool:
+def complete(spans: list[Span]) -> bool:
     return bool(named(spans, "stream", "test-runtime")) and bool(named(spans, "POST /v1/chat/completions",
                                                                        "test-gateway"))
 
 
-def test_a_streamed_chat_is_one_trace_from_the_gateways_steps_to_the_engines(traced_gateway, receiver):
+def test_a_streamed_chat_is_one_trace_from_the_gateways_steps_to_the_engines(traced_gateway, jaeger):
     stream = api(traced_gateway).chat.completions.with_raw_response.create(
         **CHAT, stream=True, extra_headers={"traceparent": f"00-{TRACE}-{CLIENT_SPAN}-01"})
     assert [c.choices[0].finish_reason for c in stream.parse() if c.choices][-1] == "length"
     assert stream.headers["x-sluice-trace-id"] == TRACE
-    spans = receiver.trace(TRACE, complete)
+    spans = jaeger.trace(TRACE, complete)
 
+    assert {s.trace_id for s in spans} == {TRACE} and {s.service for s in spans} == {"test-gateway", "test-runtime"}
     server, = named(spans, "POST /v1/chat/completions", "test-gateway")
-    assert server["parent"] == CLIENT_SPAN, "the gateway's span is a child of the client's"
-    steps = [s for s in spans if s["parent"] == server["span_id"]]
-    assert [s["name"] for s in steps] == GATEWAY_STEPS
-    assert all(server["start"] <= s["start"] <= s["end"] <= server["end"] for s in steps)
+    assert (server.parent, server.remote_parent) == (CLIENT_SPAN, True), "the gateway's span is a child of the client's"
+    assert server.kind == SERVER
+    steps = [s for s in spans if s.parent == server.span_id]
+    assert [s.name for s in steps] == GATEWAY_STEPS
+    assert [s.kind for s in steps] == [INTERNAL, INTERNAL, INTERNAL, CLIENT]
+    assert all(server.start <= s.start <= s.end <= server.end for s in steps)
     auth, route, limits, attempt = steps
-    assert auth["attributes"] == {"sluice.tenant": "tara", "sluice.key_id": "tara-ci"}
-    assert route["attributes"]["sluice.backends"] == ["tiny-im"]
-    assert limits["attributes"]["sluice.reservation.granted_tokens"] == limits["attributes"]["sluice.reservation.tokens"]
-    assert attempt["attributes"] | {"server.address": "?"} == {
+    assert auth.attributes == {"sluice.tenant": "tara", "sluice.key_id": "tara-ci"}
+    assert route.attributes["sluice.backends"] == ["tiny-im"]
+    assert limits.attributes["sluice.reservation.granted_tokens"] == limits.attributes["sluice.reservation.tokens"]
+    assert attempt.attributes | {"server.address": "?"} == {
         "sluice.attempt": 1, "sluice.route": "tiny", "sluice.backend": "tiny-im", "server.address": "?",
         "sluice.pick.reason": "first choice", "http.response.status_code": 200}
-    assert server["attributes"]["gen_ai.request.model"] == "tiny"
-    assert server["attributes"]["gen_ai.operation.name"] == "chat"
-    assert server["attributes"]["gen_ai.response.finish_reasons"] == ["length"]
-    assert server["attributes"]["gen_ai.usage.output_tokens"] == 3
+    assert server.attributes["gen_ai.request.model"] == "tiny"
+    assert server.attributes["gen_ai.operation.name"] == "chat"
+    assert server.attributes["gen_ai.response.finish_reasons"] == ["length"]
+    assert server.attributes["gen_ai.usage.output_tokens"] == 3
 
     # The runtime's spans sit under the attempt: its span id is the parent the runtime was sent.
     runtime, = named(spans, "POST /v1/chat/completions", "test-runtime")
-    assert runtime["parent"] == attempt["span_id"] and attempt["start"] <= runtime["start"] <= runtime["end"]
-    engine = [s for s in spans if s["parent"] == runtime["span_id"]]
-    assert [s["name"] for s in engine] == ["queue", "prefill", "decode", "stream"]
+    assert runtime.parent == attempt.span_id and attempt.start <= runtime.start <= runtime.end
+    assert (runtime.kind, runtime.remote_parent) == (SERVER, True)
+    engine = [s for s in spans if s.parent == runtime.span_id]
+    assert [s.name for s in engine] == ["queue", "prefill", "decode", "stream"]
+    assert len(spans) == 1 + len(steps) + 1 + len(engine), [s.name for s in spans]
     queue, prefill, decode, streamed = engine
-    assert queue["end"] <= prefill["start"] <= prefill["end"] <= decode["start"] <= decode["end"] <= streamed["end"]
-    prompt_tokens = runtime["attributes"]["gen_ai.usage.input_tokens"]
-    assert prefill["attributes"]["sluice.prefill.tokens"] == prompt_tokens > 0
-    assert prefill["attributes"]["sluice.prefill.chunks"] == 1
-    assert prefill["attributes"]["gen_ai.usage.cache_read.input_tokens"] >= 0
-    assert decode["attributes"] == {"sluice.decode.tokens": 3, "sluice.decode.preemptions": 0}
-    assert streamed["attributes"]["sluice.stream.chunks"] >= 3
-    assert runtime["attributes"]["gen_ai.usage.output_tokens"] == 3
+    assert queue.end <= prefill.start <= prefill.end <= decode.start <= decode.end <= streamed.end
+    prompt_tokens = runtime.attributes["gen_ai.usage.input_tokens"]
+    assert prefill.attributes["sluice.prefill.tokens"] == prompt_tokens > 0
+    assert prefill.attributes["sluice.prefill.chunks"] == 1
+    assert prefill.attributes["gen_ai.usage.cache_read.input_tokens"] >= 0
+    assert decode.attributes == {"sluice.decode.tokens": 3, "sluice.decode.preemptions": 0}
+    assert streamed.attributes["sluice.stream.chunks"] >= 3
+    assert runtime.attributes["gen_ai.usage.output_tokens"] == 3
     # No prompt or completion text in any span.
-    assert not any("Hi there" in str(s["attributes"]) for s in spans)
+    assert not any("Hi there" in str(s.attributes) for s in spans)
 
 
 def test_a_retried_request_has_an_attempt_span_per_endpoint_and_the_engines_under_the_one_that_answered(
-        traced_gateway, receiver):
+        traced_gateway, jaeger):
     answer = api(traced_gateway).chat.completions.with_raw_response.create(**{**CHAT, "model": "flaky"})
     trace_id = answer.headers["x-sluice-trace-id"]
-    spans = receiver.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime"))
+    spans = jaeger.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime"))
                            and bool(named(spans, "POST /v1/chat/completions", "test-gateway")))
 
     server, = named(spans, "POST /v1/chat/completions", "test-gateway")
-    assert server["parent"] == "", "a trace the gateway started"
+    assert server.parent == "", "a trace the gateway started"
+    assert [s.name for s in spans if s.parent == server.span_id] == ["auth", "route", "limits", "upstream attempt",
+                                                                     "upstream attempt"]
     first, second = named(spans, "upstream attempt", "test-gateway")
-    assert first["parent"] == second["parent"] == server["span_id"], "retries are siblings"
-    assert first["end"] <= second["start"]
-    assert first["attributes"]["sluice.backend"] == "refusing"
-    assert (first["attributes"]["http.response.status_code"], first["attributes"]["error.type"]) == (503, "upstream_error")
-    assert second["attributes"]["sluice.backend"] == "tiny-im"
-    assert second["attributes"]["sluice.pick.reason"] == "fallback"
+    assert first.parent == second.parent == server.span_id, "retries are siblings"
+    assert first.kind == second.kind == CLIENT
+    assert first.end <= second.start
+    assert first.attributes["sluice.backend"] == "refusing"
+    assert (first.attributes["http.response.status_code"], first.attributes["error.type"]) == (503, "upstream_error")
+    assert second.attributes["sluice.backend"] == "tiny-im"
+    assert second.attributes["sluice.pick.reason"] == "fallback"
     runtime, = named(spans, "POST /v1/chat/completions", "test-runtime")
-    assert runtime["parent"] == second["span_id"]
-    assert server["attributes"]["sluice.attempts"] == 2
+    assert runtime.parent == second.span_id
+    assert [s.name for s in spans if s.parent == runtime.span_id] == ["queue", "prefill", "decode"]
+    assert server.attributes["sluice.attempts"] == 2
 
 
-def test_each_batch_line_is_a_trace_of_its_own_naming_its_batch(traced_gateway, receiver):
+def test_each_batch_line_is_a_trace_of_its_own_naming_its_batch(traced_gateway, jaeger):
+    since = datetime.now(timezone.utc)
     client = api(traced_gateway)
     lines = [{"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions", "body": CHAT} for n in range(2)]
     upload = client.files.create(file=("in.jsonl", io.BytesIO("".join(json.dumps(line) + "\n" for line in lines)
@@ -241,24 +197,24 @@ def test_each_batch_line_is_a_trace_of_its_own_naming_its_batch(traced_gateway, 
         assert time.monotonic() < deadline and batch.status in ("validating", "in_progress", "finalizing"), batch
         time.sleep(0.2)
 
-    def roots() -> list[dict]:
-        return [s for s in named(receiver.spans, "batch line /v1/chat/completions", "test-gateway")
-                if s["attributes"].get("sluice.batch_id") == batch.id]
+    def roots() -> list[Span]:
+        found = jaeger.find("test-gateway", "batch line /v1/chat/completions", since)
+        return [s for s in found if s.parent == "" and s.attributes.get("sluice.batch_id") == batch.id]
 
     deadline = time.monotonic() + 20
     while len(roots()) < 2:
         assert time.monotonic() < deadline, "a batch line exported no span"
         time.sleep(0.05)
-    assert len({root["trace_id"] for root in roots()}) == 2
+    assert len({root.trace_id for root in roots()}) == 2
     for root in roots():
-        spans = receiver.trace(root["trace_id"], lambda spans: bool(named(spans, "decode", "test-runtime")))
+        spans = jaeger.trace(root.trace_id, lambda spans: bool(named(spans, "decode", "test-runtime")))
         attempt, = named(spans, "upstream attempt", "test-gateway")
         runtime, = named(spans, "POST /v1/chat/completions", "test-runtime")
-        assert root["parent"] == "" and attempt["parent"] == root["span_id"] and runtime["parent"] == attempt["span_id"]
-        assert root["attributes"]["sluice.tenant"] == "tara" and root["attributes"]["http.response.status_code"] == 200
+        assert root.parent == "" and attempt.parent == root.span_id and runtime.parent == attempt.span_id
+        assert root.attributes["sluice.tenant"] == "tara" and root.attributes["http.response.status_code"] == 200
 
 
-def test_a_request_held_while_its_model_starts_has_a_hold_span(traced_gateway, traced_runtime, refusing, receiver):
+def test_a_request_held_while_its_model_starts_has_a_hold_span(traced_gateway, traced_runtime, refusing, jaeger):
     answers: list = []
     held = threading.Thread(target=lambda: answers.append(
         api(traced_gateway).chat.completions.with_raw_response.create(**{**CHAT, "model": "cold"})))
@@ -271,19 +227,19 @@ def test_a_request_held_while_its_model_starts_has_a_hold_span(traced_gateway, t
     traced_gateway.write_routes(routes(traced_runtime.url, refusing.url, 2, cold=(traced_runtime.url,)))
     held.join(timeout=60)
     trace_id = answers[0].headers["x-sluice-trace-id"]
-    spans = receiver.trace(trace_id, lambda spans: bool(named(spans, "POST /v1/chat/completions", "test-gateway")))
+    spans = jaeger.trace(trace_id, lambda spans: bool(named(spans, "POST /v1/chat/completions", "test-gateway")))
 
     server, = named(spans, "POST /v1/chat/completions", "test-gateway")
-    steps = [s["name"] for s in spans if s["parent"] == server["span_id"]]
+    steps = [s.name for s in spans if s.parent == server.span_id]
     assert steps == ["auth", "route", "limits", "cold start hold", "upstream attempt"]
     hold, = named(spans, "cold start hold", "test-gateway")
-    assert hold["attributes"]["sluice.hold.models"] == ["cold-im"]
-    assert hold["attributes"]["sluice.hold.wait_ms"] >= 300
-    assert hold["end"] - hold["start"] >= 300e6
-    assert server["attributes"]["sluice.held_ms"] >= 300
+    assert hold.attributes["sluice.hold.models"] == ["cold-im"]
+    assert hold.attributes["sluice.hold.wait_ms"] >= 300
+    assert hold.end - hold.start >= 300e6
+    assert server.attributes["sluice.held_ms"] >= 300
 
 
-def test_without_otel_settings_nothing_is_exported_and_no_sdk_is_set_up(traced_runtime, refusing, receiver,
+def test_without_otel_settings_nothing_is_exported_and_no_sdk_is_set_up(traced_runtime, refusing, jaeger,
                                                                        tmp_path):
     # A gateway without OTEL_* (the traced runtime still has its own): the client's sampled trace reaches the
     # runtime, whose spans are exported, and none of the gateway's.
@@ -295,10 +251,10 @@ def test_without_otel_settings_nothing_is_exported_and_no_sdk_is_set_up(traced_r
         with run_gateway(config(), routes(traced_runtime.url, refusing.url), tmp_path / "plain") as gateway:
             api(gateway).chat.completions.create(
                 **CHAT, extra_headers={"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"})
-            spans = receiver.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime")))
+            spans = jaeger.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime")))
             time.sleep(0.3)  # past the batch delay a traced gateway would export after
-    assert {s["service"] for s in receiver.spans if s["trace_id"] == trace_id} == {"test-runtime"}
-    assert spans[0]["parent"] not in ("", CLIENT_SPAN), "under the gateway's hop"
+    assert {s.service for s in jaeger.spans(trace_id)} == {"test-runtime"}
+    assert spans[0].parent not in ("", CLIENT_SPAN) and spans[0].remote_parent, "under the gateway's hop"
 
     # Nor is the tracing SDK loaded: both components' set-up, from an environment with no OTEL_*.
     probe = ("import sys; from sluice_gateway.tracing_setup import tracing_from_environment as g; "
@@ -352,11 +308,11 @@ def test_either_otlp_protocol_sets_up_an_exporter(protocol, monkeypatch):
     tracing.shutdown()
 
 
-def test_a_runtime_called_directly_starts_the_trace_its_answer_names(traced_runtime, receiver):
+def test_a_runtime_called_directly_starts_the_trace_its_answer_names(traced_runtime, jaeger):
     runtime = openai.OpenAI(base_url=f"{traced_runtime.url}/v1", api_key="unused", max_retries=0, timeout=60)
     answer = runtime.chat.completions.with_raw_response.create(**{**CHAT, "model": TINY_MODEL_NAME})
     trace_id = answer.headers["x-sluice-trace-id"]
-    spans = receiver.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime")))
+    spans = jaeger.trace(trace_id, lambda spans: bool(named(spans, "decode", "test-runtime")))
     server, = named(spans, "POST /v1/chat/completions", "test-runtime")
-    assert server["parent"] == "" and server["attributes"]["http.response.status_code"] == 200
-    assert [s["name"] for s in spans if s["parent"] == server["span_id"]] == ["queue", "prefill", "decode"]
+    assert server.parent == "" and server.attributes["http.response.status_code"] == 200
+    assert [s.name for s in spans if s.parent == server.span_id] == ["queue", "prefill", "decode"]
