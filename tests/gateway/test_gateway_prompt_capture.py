@@ -95,18 +95,26 @@ def of_request(response):
     return lambda r: r.get("request_id") == response.headers["x-sluice-request-id"]
 
 
-def chat(gateway, key: str, content: str, **fields) -> httpx.Response:
-    # One client per gateway: a client of its own per request would cost more than the request.
-    http = gateway.__dict__.setdefault("http", httpx.Client(base_url=gateway.url, timeout=30))
+@pytest.fixture
+def http():
+    """A client for each gateway, kept for the test: one per request would cost more than the request."""
+    clients: dict[str, httpx.Client] = {}
+    yield lambda gateway: clients.setdefault(gateway.url, httpx.Client(base_url=gateway.url, timeout=30))
+    for client in clients.values():
+        client.close()
+
+
+def chat(http: httpx.Client, key: str, content: str, **fields) -> httpx.Response:
     response = http.post("/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
                          json={"model": "tiny", "messages": [{"role": "user", "content": content}], **fields})
     assert response.status_code == 200, response.text
     return response
 
 
-def test_nothing_is_captured_unless_a_tenant_opts_in(echo, start_gateway):
+def test_nothing_is_captured_unless_a_tenant_opts_in(echo, start_gateway, http):
     gateway = start_gateway(config(None, {}), table(tiny={"backends": [backend("echo", echo)]}))
-    answers = [chat(gateway, ANN, SECRETS), chat(gateway, ANN, SECRETS, stream=True)]
+    client = http(gateway)
+    answers = [chat(client, ANN, SECRETS), chat(client, ANN, SECRETS, stream=True)]
     assert answers[0].json()["choices"][0]["message"]["content"] == f"echo: {SECRETS}"
     workdir = gateway.config_path.parent
     for answer in answers:
@@ -116,15 +124,16 @@ def test_nothing_is_captured_unless_a_tenant_opts_in(echo, start_gateway):
             assert EMAIL.encode() not in path.read_bytes(), f"the prompt reached {path.name}"
 
 
-def test_an_opted_in_tenant_is_captured_redacted_and_bounded_and_the_others_not(echo, start_gateway):
+def test_an_opted_in_tenant_is_captured_redacted_and_bounded_and_the_others_not(echo, start_gateway, http):
     gateway = start_gateway(config({"sink": "captured.jsonl", "max_chars": 1000, "redact": [r"(?i)project \w+"]},
                                    {"ann": 1, "cy": 0.5}),
                             table(tiny={"backends": [backend("echo", echo)]}))
+    client = http(gateway)
     workdir = gateway.config_path.parent
     captured = workdir / "captured.jsonl"
     api = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=ANN, max_retries=0, timeout=30)
 
-    whole = chat(gateway, ANN, SECRETS + " Project Nightjar")
+    whole = chat(client, ANN, SECRETS + " Project Nightjar")
     record = wait_for(captured, of_request(whole))[0]
     assert record["request"]["messages"] == [{"role": "user", "content": REDACTED + " [redacted]"}]
     assert record["answer"] == [f"echo: {REDACTED} [redacted]"]
@@ -147,14 +156,14 @@ def test_an_opted_in_tenant_is_captured_redacted_and_bounded_and_the_others_not(
 
     # A tenant cannot make a record as large as it likes: a long prompt is cut, and the record says so.
     # (A body this large is parsed off the event loop, and its prompt kept as the JSON text it was parsed to.)
-    long = chat(gateway, ANN, "x" * 70_000 + SECRETS)
+    long = chat(client, ANN, "x" * 70_000 + SECRETS)
     cut = wait_for(captured, of_request(long))[0]
     assert cut["request"]["messages"].startswith('[{"role":"user","content":"xxx')
     assert len(cut["request"]["messages"]) == len(cut["answer"][0]) == 1000
     assert cut["truncated"] == {"request": True, "answer": True}
 
-    bob = chat(gateway, BOB, SECRETS)
-    sampled = [chat(gateway, CY, "hello") for _ in range(40)]
+    bob = chat(client, BOB, SECRETS)
+    sampled = [chat(client, CY, "hello") for _ in range(40)]
     wait_for(workdir / "audit.jsonl", of_request(sampled[-1]))
     wait_for(captured, lambda r: r["tenant"] == "cy")
     time.sleep(0.2)  # a record is written just after its response
@@ -198,15 +207,16 @@ def test_capture_settings_are_checked_at_load(tmp_path):
             load_config(tmp_path / "gateway.yaml")
 
 
-def test_a_capture_sink_that_cannot_be_written_leaves_requests_served(echo, start_gateway, tmp_path):
+def test_a_capture_sink_that_cannot_be_written_leaves_requests_served(echo, start_gateway, http, tmp_path):
     (tmp_path / "not-a-dir").write_text("")
     routes = table(tiny={"backends": [backend("echo", echo)]})
     for sink, said in (("/dev/full", "prompt capture record not written: No space left on device"),
                        (str(tmp_path / "not-a-dir" / "captured.jsonl"), "audit.prompt_capture.sink")):
         gateway = start_gateway(config({"sink": sink}, {"ann": 1}), routes)  # ready all the same
+        client = http(gateway)
         for _ in range(3):
-            chat(gateway, ANN, SECRETS)
-            chat(gateway, ANN, SECRETS, stream=True)
+            chat(client, ANN, SECRETS)
+            chat(client, ANN, SECRETS, stream=True)
         deadline = time.monotonic() + 10
         while gateway.metric("sluice_gateway_prompt_capture_write_failures_total") < 6:
             assert time.monotonic() < deadline, "records that could not be written were not counted"
