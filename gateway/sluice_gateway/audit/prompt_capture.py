@@ -10,7 +10,6 @@ a record that cannot be written is logged and counted.
 """
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Callable
@@ -26,8 +25,6 @@ from ..request_context import RequestContext
 from .answer_text import AnswerText
 from .redaction import MARGIN, Budget, Redactor
 from .sink import AuditSink
-
-log = logging.getLogger("sluice_gateway.audit")
 
 # The fields of a body that carry its prompt, in every API the gateway proxies (the Responses and Messages APIs
 # as translated to chat); the rest are settings.
