@@ -1,10 +1,11 @@
 """What tracing costs the gateway: its latency with OpenTelemetry tracing off, and on with every request sampled
-and exported over OTLP/HTTP to a local receiver, in one run.
+and exported over OTLP/HTTP to a real Jaeger, in one run.
 
 Two gateways in front of one fake OpenAI backend (bench/fake_openai_backend.py, which answers at once), one of
-them started with the standard OTEL_* environment (OTEL_TRACES_SAMPLER=always_on), the receiver a process of its
-own that decodes every export. One client at a time, JSON and streaming, the two gateways measured in turn in
-each round; medians over rounds. Writes bench/results/tracing_bench.json.
+them started with the standard OTEL_* environment (OTEL_TRACES_SAMPLER=always_on), exporting to the Jaeger of the
+traces tests (tests/fixtures/jaeger.py: the all-in-one binary, traces in memory, on loopback), which counts what
+it stores. One client at a time, JSON and streaming, the two gateways measured in turn in each round; medians
+over rounds. Writes bench/results/tracing_bench.json.
 
 `python bench/tracing_bench.py [--rounds 5] [--seconds 3]`
 """
@@ -20,48 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench_process import free_port, wait_http
 from gateway_bench import PAYLOAD, TENANT_KEY, load, start_fake_backend, write_sluice_gateway_files
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def receive(port: int) -> None:
-    """The OTLP/HTTP receiver: decodes each export, answers as a collector does; GET answers the spans so far."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-        ExportTraceServiceResponse,
-    )
-    spans = 0
-    answer = ExportTraceServiceResponse().SerializeToString()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            nonlocal spans
-            request = ExportTraceServiceRequest.FromString(self.rfile.read(int(self.headers["content-length"])))
-            spans += sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
-            self._send(answer, "application/x-protobuf")
-
-        def do_GET(self) -> None:
-            self._send(str(spans).encode(), "text/plain")
-
-        def _send(self, body: bytes, content_type: str) -> None:
-            self.send_response(200)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+sys.path.insert(0, str(ROOT / "tests"))
+from fixtures.jaeger import start_jaeger  # noqa: E402
 
 
 def span_work_us(environ: dict[str, str], requests: int = 2000, repeats: int = 7) -> dict[str, float]:
@@ -108,25 +75,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="repeat both gateways in turn; report medians")
     parser.add_argument("--max-requests", type=int, default=20000, help="cap per cell")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tracing_bench.json")
-    parser.add_argument("--receive", type=int, help=argparse.SUPPRESS)  # the receiver process's own entry
     args = parser.parse_args()
-    if args.receive:
-        receive(args.receive)
-        return
+    # Every traced request is a trace of its own: room for all of them, so none is evicted before it is counted.
+    with start_jaeger(max_traces=args.rounds * 2 * args.max_requests) as jaeger:
+        run(args, jaeger)
 
+
+def run(args: argparse.Namespace, jaeger) -> None:
     procs: list[subprocess.Popen] = []
     workdir = Path(tempfile.mkdtemp(prefix="sluice-tracebench-"))
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     plain_env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     try:
         backend = start_fake_backend(procs, quiet)
-        receiver_port = free_port()
-        procs.append(subprocess.Popen([sys.executable, __file__, "--receive", str(receiver_port)], **quiet))
-        receiver = f"http://127.0.0.1:{receiver_port}"
-        wait_http(receiver, procs[-1], 20)
-
         write_sluice_gateway_files(workdir, backend)
-        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_http, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
                   "OTEL_TRACES_SAMPLER": "always_on"}
         targets = {}
         for name, env in (("off", plain_env), ("on", {**plain_env, **traced})):
@@ -152,8 +115,7 @@ def main() -> None:
                           flush=True)
             loads.append(os.getloadavg()[0])
         time.sleep(6)  # past the SDK's batch delay (5 s), so the gateway's last spans are in
-        with urllib.request.urlopen(receiver, timeout=5) as answer:
-            exported = int(answer.read())
+        exported = jaeger.stored_spans()
         work = span_work_us(traced)
         print(f"span work per request, in process: {work['off_us']:.2f} µs off, {work['on_us']:.1f} µs on")
     finally:
@@ -188,8 +150,8 @@ def main() -> None:
             "load_average": [round(a, 1) for a in loads]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"host": host, "cells": cells, "summary": summary, "span_work": work,
-                                    "spans_exported": exported, "traced_requests": traced_requests}, indent=2))
-    print(f"{exported} spans exported for {traced_requests} traced requests; wrote {args.out}")
+                                    "collector": "jaeger", "spans_stored": exported, "traced_requests": traced_requests}, indent=2))
+    print(f"{exported} spans stored in Jaeger for {traced_requests} traced requests; wrote {args.out}")
 
 
 if __name__ == "__main__":
