@@ -36,7 +36,7 @@ from .adapted_api import AdaptedSend, Stopped
 from .admission import Admission
 from .audit.admin_events import event, key_events, table_event
 from .audit.answer_watch import AnswerWatch
-from .audit.prompt_capture import Capture, write_failures
+from .audit.prompt_capture import Capture
 from .audit.request_record import own_record, request_record
 from .audit.sink import AuditSink
 from .auth import KeyStore, require_principal
@@ -132,8 +132,7 @@ class GatewayApp:
         # Streamed responses running on this replica, by (tenant, id): what POST /v1/responses/{id}/cancel stops.
         self.running_responses: dict[tuple[str, str], ResponsesAdapter] = {}
         self.audit = AuditSink("off", self.metrics.audit_write_failures.inc)
-        self._capture_failures = write_failures(self.metrics.registry)
-        self.capture = Capture(PromptCapture(), self._capture_failures.inc, lambda: self.config)
+        self.capture = Capture(PromptCapture(), self.metrics.prompt_capture_write_failures.inc, lambda: self.config)
         self._usage_task: asyncio.Task | None = None
         self._rejected: dict[str, str | None] = {}  # the problem of each followed file, as last written to the trail
         self.files = WatchedFiles(config_path, routes_path, self.metrics, self.apply_config, self.apply_table)
@@ -162,7 +161,7 @@ class GatewayApp:
         self.audit.close()
         self.audit = AuditSink(config.audit.sink, self.metrics.audit_write_failures.inc)
         self.capture.close()
-        self.capture = Capture(config.audit.prompt_capture, self._capture_failures.inc, lambda: self.config)
+        self.capture = Capture(config.audit.prompt_capture, self.metrics.prompt_capture_write_failures.inc, lambda: self.config)
         self.usage: UsageStore = (RedisUsage(self.limiter.client) if isinstance(self.limiter, RedisLimiter)
                                   else MemoryUsage())
         if self._started:

@@ -132,6 +132,11 @@ class GatewayMetrics:
             "sluice_gateway_audit_write_failures", "Audit records that could not be written (a full disk).",
             registry=r,
         )
+        self.prompt_capture_write_failures = Counter(
+            "sluice_gateway_prompt_capture_write_failures",
+            "Prompt capture records that could not be written (a full disk, a file that cannot be opened).",
+            registry=r,
+        )
         self.file_rejected = Gauge(
             "sluice_gateway_file_rejected",
             "1 while the file on disk (config, routes, credential) is rejected; the last good one, if any, serves.",

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
-
 from ..config import GatewayConfig
 from ..config import PromptCapture as Settings
 from ..request import Serialised
@@ -31,12 +29,6 @@ from .sink import AuditSink
 PROMPT_FIELDS = ("messages", "prompt", "input", "query", "documents")
 # The APIs whose answers are text; an embedding's or a ranking's numbers are not captured.
 _TEXT_ANSWERS = frozenset({"chat", "completion"})
-
-
-def write_failures(registry: CollectorRegistry) -> Counter:
-    return Counter("sluice_gateway_prompt_capture_write_failures",
-                   "Prompt capture records that could not be written (a full disk, a file that cannot be opened).",
-                   registry=registry)
 
 
 class CaptureWatch:
