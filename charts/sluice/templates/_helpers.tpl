@@ -109,7 +109,13 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
 {{- end -}}
 {{- $_ := set $config "batch" $batch -}}
 {{- with $c.priority }}{{ $_ := set $config "priority" . }}{{ end -}}
-{{- with $c.audit }}{{ $_ := set $config "audit" . }}{{ end -}}
+{{- $audit := deepCopy ($c.audit | default dict) -}}
+{{- if $root.Values.gateway.promptCapture.enabled -}}
+{{- $capture := deepCopy (get $audit "prompt_capture" | default dict) -}}
+{{- $_ := set $capture "sink" (include "sluice.promptCaptureFile" $root) -}}
+{{- $_ := set $audit "prompt_capture" $capture -}}
+{{- end -}}
+{{- with $audit }}{{ $_ := set $config "audit" . }}{{ end -}}
 {{- with (include "sluice.redisUrl" $root) }}
 {{- $_ := set $config "redis" (include "sluice.redisSettings" $root | fromJson) -}}
 {{- end -}}
@@ -127,6 +133,11 @@ redis://{{ include "sluice.fullname" . }}-redis:6379/0
      gateway.yaml can name it too. */}}
 {{- define "sluice.batchDatabaseDir" -}}/var/run/sluice/batch-database{{- end -}}
 {{- define "sluice.batchDatabaseFile" -}}{{ include "sluice.batchDatabaseDir" . }}/url{{- end -}}
+
+{{/* The gateway's writable volume for prompt capture (gateway.promptCapture), of its own: whoever may read the
+     captured prompts need not be who may read the batches. */}}
+{{- define "sluice.promptCaptureDir" -}}/var/lib/sluice/prompt-capture{{- end -}}
+{{- define "sluice.promptCaptureFile" -}}{{ include "sluice.promptCaptureDir" . }}/prompts.jsonl{{- end -}}
 
 {{/* The claim the batch volume is, or empty for the pod's own emptyDir. */}}
 {{- define "sluice.batchClaim" -}}
