@@ -151,11 +151,13 @@ class OfflineEngine:
 async def warm_runtime(runtime_url: str, args) -> None:
     """What the offline engine's warm-up does, on the runtime: full batches of fresh prompts, unmeasured (the first
     full batches touch the KV cache and activation memory for the first time, and run several times slower)."""
-    client = openai.AsyncOpenAI(base_url=f"{runtime_url}/v1", api_key="unused", max_retries=0, timeout=600)
+    client = openai.AsyncOpenAI(base_url=f"{runtime_url}/v1", api_key="unused", max_retries=0, timeout=3600)
     for number in range(2):
+        # A cold runtime's estimate of its queue can refuse a few of them (deadline admission): warm all the same.
         await asyncio.gather(*(client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": q}], max_tokens=args.max_tokens, temperature=0,
-            extra_body={"ignore_eos": True}) for q in prompts(2 * args.max_num_seqs, -1 - number)))
+            extra_body={"ignore_eos": True}) for q in prompts(2 * args.max_num_seqs, -1 - number)),
+            return_exceptions=True)
     await client.close()
 
 

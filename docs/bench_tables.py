@@ -270,6 +270,33 @@ def serve() -> str:
         f"Server / offline engine, median over the rounds: {data['median_server_over_offline']:.2f}."])
 
 
+def batch() -> str:
+    data = _load("batch_bench.json")
+    config, ttft = data["config"], data["ttft"]
+    rows = ["| online chats | TTFT p50 | TTFT p99 |", "| --- | --- | --- |"]
+    for case, label in (("alone", "no batch"), ("with_batch", "with the batch running")):
+        rows.append(f"| {label} ({ttft[case]['chats']} chats) | {_ms(ttft[case]['ttft_p50_s'])} | "
+                    f"{_ms(ttft[case]['ttft_p99_s'])} |")
+    runs = ["| round | batch output tok/s (lines/s) | `LLM.generate` output tok/s (lines/s) | batch / offline |",
+            "| --- | --- | --- | --- |"]
+    for number, row in enumerate(data["throughput"], 1):
+        batch_run, offline = row["batch"], row["offline"]
+        runs.append(f"| {number} | {batch_run['output_tok_s']:.1f} ({batch_run['lines_s']:.2f}) | "
+                    f"{offline['output_tok_s']:.1f} ({offline['lines_s']:.2f}) | {row['ratio']:.2f} |")
+    concurrency = ("the gateway's default `batch.concurrency`" if config["concurrency"] is None
+                   else f"`batch.concurrency` {config['concurrency']}")
+    return "\n".join([
+        _run_line("batch_bench.json", data), "",
+        f"Batches of {config['lines']:,} chat lines of {config['max_tokens']} output tokens, {concurrency}, the "
+        f"runtime's `--max-num-seqs` {config['max_num_seqs']}, {config['dtype']}. Online: "
+        f"{config['ttft_rounds']} rounds of {config['chats']} streamed chats of {config['chat_tokens']} output tokens, "
+        "one at a time, with the batch and without it in turn:", "", *rows, "",
+        f"TTFT with the batch / without: p50 {ttft['p50_ratio']:.2f}x, p99 {ttft['p99_ratio']:.2f}x (target within "
+        "1.3x).", "", *runs, "",
+        f"Batch / offline `LLM.generate`, median over the rounds: {data['throughput_ratio']:.2f} (target at least "
+        "0.8)."])
+
+
 # The block name in bench/README.md -> its table.
 TABLES: dict[str, Callable[[], str]] = {
     "bench-short-under-long": short_under_long,
@@ -283,4 +310,5 @@ TABLES: dict[str, Callable[[], str]] = {
     "bench-gateway-floods": gateway_floods,
     "bench-priority": priority,
     "bench-overload": overload,
+    "bench-batch": batch,
 }
