@@ -159,3 +159,11 @@ def test_a_prompt_longer_than_the_step_budget_is_prefilled_in_chunks_the_request
         ended |= {o.request_id: o.metrics for o in engine.step() if o.finished}
     assert ended["short"].num_prefill_chunks == 1
     assert ended["long"].num_prefill_chunks == 4  # 200 prompt tokens, at most 64 a step
+
+
+def test_an_offline_batch_larger_than_the_online_queue_bound_is_generated_whole():
+    llm = LLM("smollm2", max_waiting=3, max_num_seqs=2)
+    prompts = [[10 + n, 20, 30] for n in range(8)]
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert [o.prompt_token_ids for o in outputs] == prompts
+    assert all(len(o.outputs[0].token_ids) == 2 for o in outputs)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 
 from tqdm import tqdm
 
@@ -29,15 +30,18 @@ class LLM:
         per_prompt = params if isinstance(params, list) else [params] * len(prompts)
         loras = lora if isinstance(lora, list) else [lora] * len(prompts)
         order: dict[str, int] = {}
-        for i, (prompt, p, adapter) in enumerate(zip(prompts, per_prompt, loras)):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            request_id = f"offline-{next(self._ids)}"
-            order[request_id] = i
-            # Nobody reads these tokens as they come: the step budget leaves the batch alone.
-            self.engine.add_request(request_id, ids, p, lora=adapter, streamed=False)
+        # Fed as the queue has room: the online queue's bound (max_waiting) must not refuse an offline batch.
+        pending = deque(enumerate(zip(prompts, per_prompt, loras)))
         results: list[RequestOutput | None] = [None] * len(prompts)
         with tqdm(total=len(prompts), desc="generating", unit="req", disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished_requests():
+            while pending or self.engine.has_unfinished_requests():
+                for _ in range(min(len(pending), self.engine.queue_room())):
+                    i, (prompt, p, adapter) = pending.popleft()
+                    ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+                    request_id = f"offline-{next(self._ids)}"
+                    order[request_id] = i
+                    # Nobody reads these tokens as they come: the step budget leaves the batch alone.
+                    self.engine.add_request(request_id, ids, p, lora=adapter, streamed=False)
                 for output in self.engine.step():
                     if output.finished:
                         results[order[output.request_id]] = output

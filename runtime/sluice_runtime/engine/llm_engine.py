@@ -203,6 +203,11 @@ class LLMEngine:
             self._unstarted[request_id] = group
             self._incoming.append(group)
 
+    def queue_room(self) -> int:
+        """Requests the queue takes now before it refuses a newcomer no more urgent than those waiting."""
+        with self._lock:
+            return self.config.max_waiting - len(self._unstarted)
+
     def _make_queue_room(self, priority: int) -> None:
         """With the queue full, the least urgent request not started yet (the latest of them) is shed for a more
         urgent newcomer; a newcomer no more urgent than every queued request is refused. Called under _lock."""
