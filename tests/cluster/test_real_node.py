@@ -304,8 +304,9 @@ def test_network_policies_keep_every_other_pod_off_the_runtime_metrics_and_opera
     for client in ("pod in another namespace", "pod with no labels"):
         seen = matrix[client]
         assert seen["gateway api"] == "open", (client, matrix)
+        # The whole matrix as text: pytest would shorten a dict in the failure line.
         assert {seen["gateway metrics"], seen["operator health"], seen["runtime api"]}.isdisjoint({"open"}), \
-            (client, matrix)
+            f"{client}: {json.dumps(matrix)}"
 
 
 _THREADS = """
