@@ -41,6 +41,8 @@ POD_SYNC_S = 10
 PAUSE_IMAGE = "localhost/sluice-pause:1"
 # The nft table holding the rule that lets pods reach the loopback-bound API server.
 API_NAT_TABLE = "sluice-node"
+# The node's own processes; each has a pid file under the node's home.
+AGENTS = ("containerd", "kubelet", "kube-proxy", "kube-router")
 
 
 class NodeUnavailable(ClusterError):
@@ -280,6 +282,12 @@ table ip {API_NAT_TABLE} {{
                                   + "; ".join(missing))
         started = time.monotonic()
         self.cluster.up()
+        if any(self._running(name) for name in AGENTS):
+            # Agents of an earlier start that is not whole (a session killed midway, a cluster started afresh
+            # under them, whose node they no longer hold credentials for): a kubelet left running would keep
+            # the new one from starting, and the node would never be Ready.
+            self.log("real node: restarting the agents of an earlier start")
+            self.down()
         bins = self.cluster.bin_dir
         server = self._api_server()
         self._network_up(server)
@@ -323,8 +331,7 @@ table ip {API_NAT_TABLE} {{
         return result.returncode == 0 and result.stdout.strip() == "True"
 
     def is_running(self) -> bool:
-        agents = ("containerd", "kubelet", "kube-proxy", "kube-router")
-        return all(self._running(name) for name in agents) and self._node_ready()
+        return all(self._running(name) for name in AGENTS) and self._node_ready()
 
     def down(self) -> None:
         self._stop("kube-router")

@@ -7,7 +7,10 @@ Two kernels, chosen once at start (`choose_kernel`):
   the few input channels of an LLM's activations that run far larger than the rest, so each layer
   is smoothed first (SmoothQuant): input channel j is divided by s_j and the weight's column j
   multiplied by it, s_j = peak|x_j|^ALPHA / peak|w_j|^(1-ALPHA), with the activation peaks recorded
-  on one forward over CALIBRATION_TEXT at start. Without VNNI (AVX2, or SLUICE_CPU_ISA=avx2) fbgemm's
+  on one forward over CALIBRATION_TEXT at start. Two layers keep the weight-only kernel
+  (DYNAMIC_EXCEPT): the MLP's down projection, whose input (the gate's product) has peaks no
+  smoothing brings within one scale per call, and the LM head, which then shares the embedding's
+  int8 table. Without VNNI (AVX2, or SLUICE_CPU_ISA=avx2) fbgemm's
   multiply-add saturates at 16 bits unless activations keep 7 bits, and with 7 bits SmolLM2's
   perplexity leaves the quality test's bound, so those CPUs take the weight-only kernel.
 - WEIGHT_ONLY, everywhere else (SLUICE_CPU_ISA=generic, other CPUs, CUDA): the int8 weight is widened
@@ -15,8 +18,8 @@ Two kernels, chosen once at start (`choose_kernel`):
   resident memory shrinks and activations keep the base dtype.
 
 Embedding tables are int8 too (a looked-up row is widened and scaled); a tied embedding shares the
-LM head's table on the WEIGHT_ONLY path. Norms, rotary tables and the KV cache stay in the base
-dtype: they are small or not weights.
+LM head's table. Norms, rotary tables and the KV cache stay in the base dtype: they are small or
+not weights.
 """
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ DYNAMIC = "dynamic int8 activations x int8 weights (fbgemm, smoothed)"
 WEIGHT_ONLY = "int8 weights widened per call (weight-only)"
 # Of the searched 0.5-0.85, the exponent that kept the perplexity of the quality test closest to float32's.
 ALPHA = 0.7
+# The linears (by name's last part) the DYNAMIC kernel leaves to WEIGHT_ONLY: with either one dynamic, SmolLM2's
+# perplexity leaves the quality test's bound.
+DYNAMIC_EXCEPT = ("down_proj", "lm_head")
 # Prose, code, chat and numbers, so every kind of input's channel peaks are seen.
 CALIBRATION_TEXT = (
     "Kubernetes schedules containers onto nodes. A pod holds one or more containers that share a network "
@@ -136,7 +142,7 @@ def quantize_model(model: nn.Module, kernel: str, peaks: dict[str, torch.Tensor]
         if isinstance(module, nn.Embedding):
             module.int8_weight, module.int8_scale = table(module.weight)
             module.forward = types.MethodType(_embedding_forward, module)
-        elif isinstance(module, nn.Linear) and kernel == DYNAMIC:
+        elif isinstance(module, nn.Linear) and kernel == DYNAMIC and name.rsplit(".", 1)[-1] not in DYNAMIC_EXCEPT:
             smooth = smoothing(peaks[name], module.weight)
             q, scale = quantize_rows(module.weight.detach().float() * smooth)
             module.int8_packed = _dynamic_pack(q, scale, module.bias)
