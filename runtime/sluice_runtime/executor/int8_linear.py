@@ -7,10 +7,10 @@ Two kernels, chosen once at start (`choose_kernel`):
   the few input channels of an LLM's activations that run far larger than the rest, so each layer
   is smoothed first (SmoothQuant): input channel j is divided by s_j and the weight's column j
   multiplied by it, s_j = peak|x_j|^ALPHA / peak|w_j|^(1-ALPHA), with the activation peaks recorded
-  on one forward over CALIBRATION_TEXT at start. Two layers keep the weight-only kernel
-  (DYNAMIC_EXCEPT): the MLP's down projection, whose input (the gate's product) has peaks no
-  smoothing brings within one scale per call, and the LM head, which then shares the embedding's
-  int8 table. Without VNNI (AVX2, or SLUICE_CPU_ISA=avx2) fbgemm's
+  on one forward over CALIBRATION_TEXT at start. The MLP's down projection takes the gate's
+  product, a few of whose channels peak beyond what smoothing brings within one scale per call:
+  those (FLOAT_CHANNELS, the largest calibrated peaks) are left out of the int8 product and
+  multiplied in float32 beside it. Without VNNI (AVX2, or SLUICE_CPU_ISA=avx2) fbgemm's
   multiply-add saturates at 16 bits unless activations keep 7 bits, and with 7 bits SmolLM2's
   perplexity leaves the quality test's bound, so those CPUs take the weight-only kernel.
 - WEIGHT_ONLY, everywhere else (SLUICE_CPU_ISA=generic, other CPUs, CUDA): the int8 weight is widened
@@ -18,7 +18,7 @@ Two kernels, chosen once at start (`choose_kernel`):
   resident memory shrinks and activations keep the base dtype.
 
 Embedding tables are int8 too (a looked-up row is widened and scaled); a tied embedding shares the
-LM head's table. Norms, rotary tables and the KV cache stay in the base dtype: they are small or
+LM head's table on the WEIGHT_ONLY path. Norms, rotary tables and the KV cache stay in the base dtype: they are small or
 not weights.
 """
 from __future__ import annotations
@@ -37,9 +37,9 @@ DYNAMIC = "dynamic int8 activations x int8 weights (fbgemm, smoothed)"
 WEIGHT_ONLY = "int8 weights widened per call (weight-only)"
 # Of the searched 0.5-0.85, the exponent that kept the perplexity of the quality test closest to float32's.
 ALPHA = 0.7
-# The linears (by name's last part) the DYNAMIC kernel leaves to WEIGHT_ONLY: with either one dynamic, SmolLM2's
-# perplexity leaves the quality test's bound.
-DYNAMIC_EXCEPT = ("down_proj", "lm_head")
+# Per linear (by its name's last part), how many input channels DYNAMIC computes in float32: with none, SmolLM2's
+# perplexity leaves the quality test's bound; on the other linears they buy nothing measurable.
+FLOAT_CHANNELS = {"down_proj": 32}
 # Prose, code, chat and numbers, so every kind of input's channel peaks are seen.
 CALIBRATION_TEXT = (
     "Kubernetes schedules containers onto nodes. A pod holds one or more containers that share a network "
@@ -107,7 +107,10 @@ def _dynamic_pack(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | Non
 
 
 def _dynamic_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    out = torch.ops.quantized.linear_dynamic(x.float() * self.int8_unsmooth, self.int8_packed, False)
+    wide = x.float()
+    out = torch.ops.quantized.linear_dynamic(wide * self.int8_unsmooth, self.int8_packed, False)
+    if self.int8_float_channels.numel():
+        out = out + wide.index_select(-1, self.int8_float_channels) @ self.int8_float_weight
     return out.to(x.dtype)
 
 
@@ -142,13 +145,19 @@ def quantize_model(model: nn.Module, kernel: str, peaks: dict[str, torch.Tensor]
         if isinstance(module, nn.Embedding):
             module.int8_weight, module.int8_scale = table(module.weight)
             module.forward = types.MethodType(_embedding_forward, module)
-        elif isinstance(module, nn.Linear) and kernel == DYNAMIC and name.rsplit(".", 1)[-1] not in DYNAMIC_EXCEPT:
-            smooth = smoothing(peaks[name], module.weight)
-            q, scale = quantize_rows(module.weight.detach().float() * smooth)
+        elif isinstance(module, nn.Linear) and kernel == DYNAMIC:
+            weight = module.weight.detach().float()
+            smooth = smoothing(peaks[name], weight)
+            floats = peaks[name].topk(FLOAT_CHANNELS.get(name.rsplit(".", 1)[-1], 0)).indices
+            module.int8_float_channels, module.int8_float_weight = floats, weight[:, floats].t().contiguous()
+            unsmooth, smoothed = 1 / smooth, weight * smooth
+            unsmooth[floats], smoothed[:, floats] = 0, 0  # the float32 product's share, outside the int8 one
+            q, scale = quantize_rows(smoothed)
             module.int8_packed = _dynamic_pack(q, scale, module.bias)
-            module.int8_unsmooth = 1 / smooth
+            module.int8_unsmooth = unsmooth
             module.forward = types.MethodType(_dynamic_forward, module)
-            packed += q.numel() + (scale.numel() + smooth.numel()) * scale.element_size()
+            packed += (q.numel() + (scale.numel() + smooth.numel()) * scale.element_size()
+                       + module.int8_float_weight.numel() * module.int8_float_weight.element_size())
         elif isinstance(module, nn.Linear):
             module.int8_weight, module.int8_scale = table(module.weight)
             module.forward = types.MethodType(_weight_only_forward, module)
