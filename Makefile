@@ -53,8 +53,16 @@ lint: install
 docs: install
 	$(PY) -m docs.generate
 
+# Two sessions at once: the tests on the local cluster and its real node mostly wait on kubelets, containers
+# and image imports, and the rest mostly compute, so together they take little more than the longer alone. The
+# cluster's session writes to a file, printed once both end, so each session's summary reads whole.
+CLUSTER_TESTS := tests/chart tests/cluster tests/e2e tests/images tests/operator
+PYTEST := $(PY) -m pytest -q -ra --durations=15
 test: install lint
-	$(PY) -m pytest -q -ra tests
+	@log=$$(mktemp); $(PYTEST) $(CLUSTER_TESTS) >"$$log" 2>&1 & cluster=$$!; \
+	$(PYTEST) tests $(addprefix --ignore=,$(CLUSTER_TESTS)); rest=$$?; \
+	wait $$cluster; on_cluster=$$?; echo "== $(CLUSTER_TESTS)"; cat "$$log"; rm -f "$$log"; \
+	exit $$(( rest || on_cluster ))
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests -m "not integration"

@@ -294,16 +294,16 @@ def test_4_canary_split_follows_the_weights(stack, record_property):
 
     # Four at a time: even all on one runtime, fewer queue than its autoscaler's target, so it stays out of it.
     load = stack.load("assistant", concurrency=4, max_tokens=1).start()
-    wait_for(lambda: len(load.snapshot()) >= 240, timeout=180, interval=0.5, what="240 answers at 80/20")
-    before = load.snapshot()[:240]
+    wait_for(lambda: len(load.snapshot()) >= 120, timeout=180, interval=0.5, what="120 answers at 80/20")
+    before = load.snapshot()[:120]
     changed = time.monotonic()
     stack.kubectl("apply", "-f", "-", input=_canary_route(20, 80))
     wait_for(lambda: [b["weight"] for b in stack.gateway_get("/admin/routes")["routes"]["assistant"]["backends"]]
              == [20, 80], timeout=20, interval=0.1, what="the gateway to load the new weights")
     applied = time.monotonic()
-    wait_for(lambda: len(load.done_after(applied)) >= 160, timeout=180, interval=0.5, what="160 answers at 20/80")
+    wait_for(lambda: len(load.done_after(applied)) >= 80, timeout=180, interval=0.5, what="80 answers at 20/80")
     results = load.stop()
-    after = [r for r in results if r.started >= applied][:160]
+    after = [r for r in results if r.started >= applied][:80]
 
     assert _failures(results) == [], "a request failed while the weights changed"
     first, second = _share(before, "smollm2-canary"), _share(after, "smollm2-canary")
@@ -311,7 +311,8 @@ def test_4_canary_split_follows_the_weights(stack, record_property):
     record_property("canary_share_at_80_20", round(first, 3))
     record_property("canary_share_at_20_80", round(second, 3))
     record_property("weights_applied_s", round(applied - changed, 2))
-    # Binomial spread at these counts is about 2.6 and 3.2 points; five of them still flags a broken split.
+    # Binomial spread at these counts is about 3.7 and 4.5 points; three and a half of them still flag a split
+    # off by a third.
     assert abs(first - 0.2) < 0.13 and abs(second - 0.8) < 0.16, (first, second)
 
     # The canary served its purpose; its runtime would only take CPU from the scenarios that follow.
