@@ -27,11 +27,9 @@ import io
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,18 +38,14 @@ from pathlib import Path
 import httpx
 import openai
 import yaml
-from bench_process import free_port, wait_http
+from bench_process import free_port, script, start_runtime, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"online": "sk-bench-online", "batch": "sk-bench-batch"}
-_SERVING = re.compile(r"sluice-runtime: serving \S+ at (http://\S+)")
 _WORDS = ("river", "lamp", "cedar", "orbit", "violin", "harbor", "granite", "meadow", "comet", "lantern", "glacier",
           "copper", "falcon", "pepper", "tundra", "marble", "saddle", "walnut", "canyon", "ember", "thistle", "quartz")
 _FINISHED = ("completed", "failed", "expired", "cancelled")
 
-
-def script(name: str) -> str:
-    return str(Path(sys.executable).with_name(name))
 
 
 def host() -> dict:
@@ -66,21 +60,6 @@ def prompts(count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     return [f"Write one sentence about a {rng.choice(_WORDS)} and a {rng.choice(_WORDS)}, case {seed}-{n}."
             for n in range(count)]
-
-
-def start_runtime(args, workdir: Path) -> tuple[subprocess.Popen, str]:
-    log = (workdir / "runtime.log").open("w")
-    process = subprocess.Popen(
-        [script("sluice-runtime"), "serve", "--model", args.model, "--served-model-name", "m", "--host", "127.0.0.1",
-         "--port", "0", "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 600
-    while not (match := _SERVING.search((workdir / "runtime.log").read_text())):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the runtime did not start:\n{(workdir / 'runtime.log').read_text()[-2000:]}")
-        time.sleep(0.3)
-    wait_http(f"{match.group(1)}/ready", process, 600)
-    return process, match.group(1)
 
 
 def start_gateway(runtime_url: str, args, workdir: Path, name: str) -> tuple[subprocess.Popen, str]:
@@ -295,7 +274,7 @@ def main() -> None:
     del offline
     processes: list[subprocess.Popen] = []
     try:
-        runtime, runtime_url = start_runtime(args, workdir)
+        runtime, runtime_url = start_runtime(workdir, args.model, "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs))
         processes.append(runtime)
         batch_gw, batch_url = start_gateway(runtime_url, args, workdir, "batch-gw")
         online_gw, online_url = start_gateway(runtime_url, args, workdir, "online-gw")

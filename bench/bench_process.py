@@ -1,11 +1,23 @@
-"""What the benches that start servers share: a free loopback port, and waiting until one answers."""
+"""What the benches that start servers share: a free loopback port, waiting until one answers, and a runtime
+started on one."""
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+
+_SERVING = re.compile(r"sluice-runtime: serving \S+ at (http://\S+)")
+
+
+def script(name: str) -> str:
+    """A console script of this environment (sluice-runtime, sluice-gateway)."""
+    return str(Path(sys.executable).with_name(name))
 
 
 def free_port() -> int:
@@ -26,3 +38,20 @@ def wait_http(url: str, process: subprocess.Popen, timeout: float, headers: dict
         except (urllib.error.URLError, OSError):
             time.sleep(0.2)
     raise SystemExit(f"{url} did not come up within {timeout} s")
+
+
+def start_runtime(workdir: Path, model: str, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`sluice-runtime serve` of `model` as "m" on a free loopback port with `flags`, its log workdir/runtime.log;
+    returns the process and its URL once it is ready."""
+    log_path = workdir / "runtime.log"
+    process = subprocess.Popen(
+        [script("sluice-runtime"), "serve", "--model", model, "--served-model-name", "m", "--host", "127.0.0.1",
+         "--port", "0", *flags],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 600
+    while not (match := _SERVING.search(log_path.read_text())):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the runtime did not start:\n{log_path.read_text()[-2000:]}")
+        time.sleep(0.3)
+    wait_http(f"{match.group(1)}/ready", process, 600)
+    return process, match.group(1)

@@ -17,10 +17,8 @@ import asyncio
 import hashlib
 import json
 import os
-import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,31 +26,12 @@ from pathlib import Path
 import httpx
 import openai
 import yaml
-from bench_process import free_port, wait_http
+from bench_process import free_port, script, start_runtime, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {name: f"sk-bench-{name}" for name in "ABCD"}
 PROMPT = [{"role": "user", "content": "Write one sentence about rivers."}]
-_SERVING = re.compile(r"sluice-runtime: serving \S+ at (http://\S+)")
 
-
-def script(name: str) -> str:
-    return str(Path(sys.executable).with_name(name))
-
-
-def start_runtime(args, workdir: Path) -> tuple[subprocess.Popen, str]:
-    log = (workdir / "runtime.log").open("w")
-    process = subprocess.Popen(
-        [script("sluice-runtime"), "serve", "--model", args.model, "--served-model-name", "m", "--host", "127.0.0.1",
-         "--port", "0", "--max-num-seqs", str(args.max_num_seqs)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 600
-    while not (match := _SERVING.search((workdir / "runtime.log").read_text())):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the runtime did not start:\n{(workdir / 'runtime.log').read_text()[-2000:]}")
-        time.sleep(0.3)
-    wait_http(f"{match.group(1)}/ready", process, 600)
-    return process, match.group(1)
 
 
 def start_gateway(runtime_url: str, classes: dict[str, str], workdir: Path, name: str) -> tuple[subprocess.Popen, str]:
@@ -185,7 +164,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="sluice-priority-bench-"))
     processes = []
     try:
-        runtime, runtime_url = start_runtime(args, workdir)
+        runtime, runtime_url = start_runtime(workdir, args.model, "--max-num-seqs", str(args.max_num_seqs))
         processes.append(runtime)
         with_classes = {"A": "batch", "B": "critical", "C": "standard", "D": "standard"}
         gw_classes, classes_url = start_gateway(runtime_url, with_classes, workdir, "classes")

@@ -55,3 +55,11 @@ def one(objects: list[dict], kind: str, name_suffix: str = "") -> dict:
 
 def pod_spec(obj: dict) -> dict:
     return obj["spec"]["template"]["spec"]
+
+
+def gateway_config(objects: list[dict], tmp_path: Path):
+    """The gateway's settings as the gateway reads them from the rendered chart's Secret."""
+    from sluice_gateway.config import load_config  # noqa: PLC0415
+
+    (tmp_path / "gateway.yaml").write_text(one(objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
+    return load_config(tmp_path / "gateway.yaml")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from chart.helm_tool import CHART, Helm, by_kind, helm_binary, one, pod_spec
+from chart.helm_tool import CHART, by_kind, gateway_config, one, pod_spec
 
 pytestmark = pytest.mark.integration
 
@@ -16,18 +16,6 @@ SHARED = ["--set", "gateway.replicaCount=3", "--set", "gateway.batchStore.databa
           "--set", "gateway.batchStore.databaseSecret.key=uri", "--set", "gateway.batchStore.volume.create=true",
           "--set", "gateway.batchStore.volume.size=20Gi", "--set", "gateway.batchStore.volume.storageClass=nfs",
           "--set-json", 'gateway.batchStore.volume.accessModes=["ReadWriteMany"]']
-
-
-@pytest.fixture(scope="module")
-def helm(request) -> Helm:
-    return Helm(helm_binary(request))
-
-
-def _gateway_config(objects: list[dict], tmp_path):
-    from sluice_gateway.config import load_config
-
-    (tmp_path / "gateway.yaml").write_text(one(objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
-    return load_config(tmp_path / "gateway.yaml")
 
 
 def _volume(spec: dict, name: str) -> dict:
@@ -47,7 +35,7 @@ def test_by_default_one_replica_keeps_its_batches_in_sqlite_on_its_own_volume(he
     assert not [v for v in spec["volumes"] if v["name"] == "batch-database"]
     assert not by_kind(objects, "PersistentVolumeClaim")
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
-    batch = _gateway_config(objects, tmp_path).batch
+    batch = gateway_config(objects, tmp_path).batch
     assert (batch.database, str(batch.files_dir), batch.database_file) == (
         f"{STORE_DIR}/batch.db", f"{STORE_DIR}/files", None)
     egress = one(objects, "NetworkPolicy", "-gateway")["spec"]["egress"]
@@ -72,7 +60,7 @@ def test_several_replicas_share_postgres_from_a_secret_and_one_claim(helm, tmp_p
                              "resources": {"requests": {"storage": "20Gi"}}}
     assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", \
         "the files must outlive `helm uninstall` as the database they belong to does"
-    config = _gateway_config(objects, tmp_path)
+    config = gateway_config(objects, tmp_path)
     # The file gateway.yaml names is the one the kubelet writes the Secret's key to; the files are on the claim.
     assert str(config.batch.database_file) == f"{mount['mountPath']}/{secret['items'][0]['path']}"
     assert config.batch.files_dir.parent.as_posix() == _mount(spec, "batch-store")["mountPath"]
@@ -94,7 +82,7 @@ def test_one_replica_on_an_existing_claim_keeps_sqlite_there(helm, tmp_path, mod
     assert _volume(pod_spec(deployment), "batch-store")["persistentVolumeClaim"] == {"claimName": "batches"}
     assert not by_kind(objects, "PersistentVolumeClaim"), "an existing claim is the user's"
     assert deployment["spec"]["strategy"].get("type") == strategy
-    assert _gateway_config(objects, tmp_path).batch.database == f"{STORE_DIR}/batch.db"
+    assert gateway_config(objects, tmp_path).batch.database == f"{STORE_DIR}/batch.db"
 
 
 def test_every_batch_setting_of_the_gateway_passes_the_schema_with_the_gateways_bounds(helm, tmp_path):
@@ -113,7 +101,7 @@ def test_every_batch_setting_of_the_gateway_passes_the_schema_with_the_gateways_
     assert set(Limits.model_fields) == set(tenant_limits)  # every tenant limit the gateway knows, no other
     settings = {"max_file_bytes": 1024, "max_file_lines": 10, "concurrency": 2, "lease_s": 5, "max_attempts": 3,
                 "retry_backoff_s": 0.5, "priority_class": "standard"}
-    batch = _gateway_config(helm.template("--set-json", f"gateway.config.batch={json.dumps(settings)}"), tmp_path).batch
+    batch = gateway_config(helm.template("--set-json", f"gateway.config.batch={json.dumps(settings)}"), tmp_path).batch
     assert {name: getattr(batch, name) for name in settings} == settings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from chart.helm_tool import CHART, Helm, helm_binary, one, pod_spec
+from chart.helm_tool import CHART, gateway_config, one, pod_spec
 
 pytestmark = pytest.mark.integration
 
@@ -23,18 +23,6 @@ def _tenants(rate: float | None = 0.25) -> list[str]:
 ON = ["--set", "gateway.promptCapture.enabled=true"]
 
 
-@pytest.fixture(scope="module")
-def helm(request) -> Helm:
-    return Helm(helm_binary(request))
-
-
-def _gateway_config(objects: list[dict], tmp_path):
-    from sluice_gateway.config import load_config
-
-    (tmp_path / "gateway.yaml").write_text(one(objects, "Secret", "-gateway")["stringData"]["gateway.yaml"])
-    return load_config(tmp_path / "gateway.yaml")
-
-
 def _named(items: list[dict], name: str) -> list[dict]:
     return [item for item in items if item["name"] == name]
 
@@ -44,7 +32,7 @@ def test_off_by_default_with_no_volume_for_it(helm, tmp_path):
     spec = pod_spec(one(objects, "Deployment", "-gateway"))
     assert not _named(spec["volumes"], "prompt-capture")
     assert "env" not in spec["containers"][0]
-    assert _gateway_config(objects, tmp_path).audit.prompt_capture.sink == "off"
+    assert gateway_config(objects, tmp_path).audit.prompt_capture.sink == "off"
 
 
 def test_on_the_gateway_writes_a_file_on_an_emptydir_of_its_own(helm, tmp_path):
@@ -56,7 +44,7 @@ def test_on_the_gateway_writes_a_file_on_an_emptydir_of_its_own(helm, tmp_path):
     (mount,) = _named(spec["containers"][0]["volumeMounts"], "prompt-capture")
     assert mount == {"name": "prompt-capture", "mountPath": CAPTURE_DIR}
     assert spec["securityContext"]["fsGroup"], "the non-root gateway writes the volume through its group"
-    config = _gateway_config(objects, tmp_path)
+    config = gateway_config(objects, tmp_path)
     capture = config.audit.prompt_capture
     assert (str(capture.sink.parent), capture.max_chars, capture.redact) == (CAPTURE_DIR, 4096, ("case-[0-9]+",))
     assert config.audit.sink == "stderr"

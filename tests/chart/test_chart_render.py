@@ -5,16 +5,11 @@ import json
 
 import pytest
 import yaml
-from chart.helm_tool import CHART, FULL_VALUES, REPO, Helm, by_kind, helm_binary, one, pod_spec
+from chart.helm_tool import CHART, FULL_VALUES, REPO, by_kind, one, pod_spec
 
 pytestmark = pytest.mark.integration
 # The Prometheus pods' labels the chart's networkPolicy.monitoringPodSelector names by default.
 PROMETHEUS = {"app.kubernetes.io/name": "prometheus"}
-
-
-@pytest.fixture(scope="module")
-def helm(request) -> Helm:
-    return Helm(helm_binary(request))
 
 
 @pytest.fixture(scope="module")

@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from chart.helm_tool import CHART, FULL_VALUES, Helm, helm_binary, one
+from chart.helm_tool import CHART, FULL_VALUES, Helm, one
 
 pytestmark = pytest.mark.integration
 
 OTHER_KEY = "0" * 64
-
-
-@pytest.fixture(scope="module")
-def helm(request) -> Helm:
-    return Helm(helm_binary(request))
 
 
 def pod_template(helm: Helm, *args: str) -> dict:

@@ -8,18 +8,13 @@ import uuid
 
 import pytest
 import yaml
-from chart.helm_tool import CHART, Helm, by_kind, helm_binary, one, pod_spec
+from chart.helm_tool import CHART, Helm, by_kind, one, pod_spec
 
 from fixtures.cluster import wait_for
 
 pytestmark = pytest.mark.integration
 
 MANAGED = {"app.kubernetes.io/managed-by": "sluice-operator"}
-
-
-@pytest.fixture(scope="module")
-def helm(request) -> Helm:
-    return Helm(helm_binary(request))
 
 
 def _args(objects: list[dict], component: str) -> list[str]:
