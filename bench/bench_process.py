@@ -40,14 +40,15 @@ def wait_http(url: str, process: subprocess.Popen, timeout: float, headers: dict
     raise SystemExit(f"{url} did not come up within {timeout} s")
 
 
-def start_runtime(workdir: Path, model: str, *flags: str) -> tuple[subprocess.Popen, str]:
-    """`sluice-runtime serve` of `model` as "m" on a free loopback port with `flags`, its log workdir/runtime.log;
+def start_runtime(workdir: Path, model: str, *flags: str, log_name: str = "runtime.log") -> tuple[subprocess.Popen, str]:
+    """`sluice-runtime serve` of `model` as "m" on a free loopback port with `flags`, its log workdir/`log_name`;
     returns the process and its URL once it is ready."""
-    log_path = workdir / "runtime.log"
-    process = subprocess.Popen(
-        [script("sluice-runtime"), "serve", "--model", model, "--served-model-name", "m", "--host", "127.0.0.1",
-         "--port", "0", *flags],
-        stdout=log_path.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log_path = workdir / log_name
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [script("sluice-runtime"), "serve", "--model", model, "--served-model-name", "m", "--host", "127.0.0.1",
+             "--port", "0", *flags],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 600
     while not (match := _SERVING.search(log_path.read_text())):
         if process.poll() is not None or time.monotonic() > deadline:

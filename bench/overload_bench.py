@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -33,12 +31,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
-from bench_process import wait_http
+from bench_process import start_runtime
 
 from sluice_contracts.request_deadline import BUDGET_HEADER, header_value
 
 RESULTS = Path(__file__).resolve().parent / "results"
-_SERVING = re.compile(r"sluice-runtime: serving \S+ at (http://\S+)")
 
 
 @dataclass
@@ -69,24 +66,6 @@ class Row:
     goodput_rps: float = 0.0
     goodput_vs_sustained: float = 0.0
     recovery_s: float | None = None
-
-
-def start_runtime(args, workdir: Path, admission: bool) -> tuple[subprocess.Popen, str]:
-    log_path = workdir / f"runtime-{'on' if admission else 'off'}.log"
-    command = [str(Path(sys.executable).with_name("sluice-runtime")), "serve", "--model", args.model,
-               "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0"]
-    if not admission:
-        command.append("--no-deadline-admission")
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 600
-    while not (match := _SERVING.search(log_path.read_text())):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the runtime did not start:\n{log_path.read_text()[-2000:]}")
-        time.sleep(0.3)
-    wait_http(f"{match.group(1)}/ready", process, 600)
-    return process, match.group(1)
 
 
 def body(args) -> dict:
@@ -200,7 +179,8 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 
 async def run_runtime(args, workdir: Path, admission: bool, sustained: dict | None) -> tuple[dict, list[Row]]:
-    process, url = start_runtime(args, workdir, admission)
+    process, url = start_runtime(workdir, args.model, *([] if admission else ["--no-deadline-admission"]),
+                                 log_name=f"runtime-{'on' if admission else 'off'}.log")
     name = "on" if admission else "off"
     try:
         idle = await idle_latency(url, args)

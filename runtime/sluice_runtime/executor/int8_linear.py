@@ -18,8 +18,8 @@ Two kernels, chosen once at start (`choose_kernel`):
   resident memory shrinks and activations keep the base dtype.
 
 Embedding tables are int8 too (a looked-up row is widened and scaled); a tied embedding shares the
-LM head's table on the WEIGHT_ONLY path. Norms, rotary tables and the KV cache stay in the base dtype: they are small or
-not weights.
+LM head's table on the WEIGHT_ONLY path. Norms, rotary tables and the KV cache stay in the base
+dtype: they are small or not weights.
 """
 from __future__ import annotations
 
