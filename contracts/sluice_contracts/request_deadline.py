@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 
-from .request_priority import DEFAULT_CLASSES
+from .request_priority import DEFAULT_CLASSES, in_batch_class
 
 CLIENT_TIMEOUT_HEADERS = ("x-stainless-read-timeout", "x-stainless-timeout", "x-request-timeout", "timeout")
 BUDGET_HEADER = "x-sluice-budget-s"
@@ -71,6 +71,6 @@ def class_budget(priority: int) -> float | None:
     """The budget of the class `priority` falls in (critical's number or more urgent, batch's or less urgent)."""
     if priority <= DEFAULT_CLASSES["critical"]:
         return CLASS_BUDGET_S["critical"]
-    if priority >= DEFAULT_CLASSES["batch"]:
+    if in_batch_class(priority):
         return CLASS_BUDGET_S["batch"]
     return None

@@ -8,7 +8,10 @@ as in vLLM.
 Meaning of the number, vLLM's convention: lower is more urgent. The runtime admits waiting requests in priority
 order, and within one priority in turn across tenants, in proportion to their shares; when the KV cache or the
 batch is full it preempts the least urgent running request (then the most recent); when its queue is full it sheds
-the least urgent waiting request that has not started (503 with Retry-After).
+the least urgent waiting request that has not started (503 with Retry-After). A request in the batch class (`batch`'s
+number or less urgent, `in_batch_class`) runs on what the others leave: a runtime's step that prefills a more urgent
+prompt carries none of it, and while more urgent requests are about its steps stay short; a gateway whose classes
+are its own numbers its batch class at 10 or more for this to hold.
 """
 from __future__ import annotations
 
@@ -32,6 +35,12 @@ MAX_TENANT_CHARS = 256
 # The classes a gateway has when gateway.yaml names none; `standard` is the number a direct caller gets by default.
 DEFAULT_CLASSES = {"critical": -10, "standard": 0, "batch": 10}
 DEFAULT_CLASS = "standard"
+
+
+def in_batch_class(priority: int) -> bool:
+    """Whether a request of `priority` is batch work: the batch class's number or less urgent."""
+    return priority >= DEFAULT_CLASSES["batch"]
+
 
 _TENANT = re.compile(r"^[A-Za-z0-9._~%-]+$")
 _INTEGER = re.compile(r"^[+-]?[0-9]{1,6}$")

@@ -10,8 +10,10 @@ import math
 
 import pytest
 
+from sluice_contracts.request_priority import DEFAULT_CLASSES
 from sluice_runtime.engine.block_manager import BlockManager
-from sluice_runtime.engine.scheduler import Scheduler
+from sluice_runtime.engine.lora_registry import LoraRef
+from sluice_runtime.engine.scheduler import ONLINE_LINGER_S, Scheduler
 from sluice_runtime.engine.sequence import SequenceGroup
 from sluice_runtime.engine.step_budget import (
     AUTO,
@@ -515,6 +517,76 @@ def test_steps_are_timed_from_schedule_to_on_step_done():
     for _ in range(30):
         engine.step()
     assert engine.scheduler.step_budget.model.predict(100, 5000) == pytest.approx(cpu_step(100, 5000))
+
+
+# -- batch-class work beside online requests --------------------------------------------------------
+
+BATCH = DEFAULT_CLASSES["batch"]
+
+
+def batch_lines_decoding(engine: Engine, n: int = 20) -> None:
+    """`n` batch-class lines read whole, decoding, and a long one still waiting to prefill."""
+    for i in range(n):
+        engine.add(f"line{i}", 60, max_tokens=10_000, priority=BATCH, streamed=False)
+    while len(engine.first_token_step) < n:
+        engine.step()
+    engine.add("long-line", 3000, priority=BATCH, streamed=False)
+
+
+@pytest.mark.parametrize("priority", [DEFAULT_CLASSES["standard"], DEFAULT_CLASSES["critical"]])
+def test_the_step_that_prefills_an_online_prompt_carries_no_batch_class_rows(priority):
+    engine = Engine()
+    batch_lines_decoding(engine)
+    engine.add("chat", 80, priority=priority)
+    plan = engine.step()
+    assert [(s.seq.group.request_id, s.num_tokens) for s in plan.scheduled] == [("chat", 80)]
+    plan = engine.step()
+    decoding = {s.seq.group.request_id for s in plan.decodes}
+    assert decoding == {"chat"} | {f"line{i}" for i in range(20)}, "the batch lines decode again beside the chat"
+
+
+def test_batch_class_work_runs_as_usual_when_the_online_prompt_cannot_start():
+    engine = Engine()
+    engine.scheduler.max_loras = 1
+    batch_lines_decoding(engine)
+    for seq in engine.scheduler.running:
+        seq.group.lora = LoraRef(1, "batch-adapter", "/adapters/a")
+    engine.add("chat", 80)
+    engine.groups["chat"].lora = LoraRef(2, "chat-adapter", "/adapters/b")  # no slot while adapter 1 runs
+    plan = engine.step()
+    assert len(plan.decodes) == 20 and engine.chunk_of(plan, "long-line") > 0 and engine.chunk_of(plan, "chat") == 0
+
+
+def burst_of_lines(engine: Engine) -> list[tuple[float, float]]:
+    """A burst of batch-class lines read whole: when each step that prefills started, and how long it took."""
+    for i in range(32):
+        engine.add(f"b{i}", 32 + (i * 149) % 481, max_tokens=8, priority=BATCH, streamed=False)
+    steps = []
+    while engine.scheduler.has_work():
+        before = engine.clock.now
+        plan = engine.step()
+        if plan.prefills:
+            steps.append((before, engine.clock.now - before))
+    return steps
+
+
+def test_batch_class_prompts_take_short_steps_while_online_requests_are_about_and_the_whole_budget_alone():
+    alone = burst_of_lines(Engine())
+    full_step = cpu_step(1024)  # and the attention pairs of its chunks
+    assert max(took for _, took in alone) >= full_step, "alone, a batch fills the token budget"
+
+    engine = Engine()
+    engine.add("chat", 60, max_tokens=20)
+    while engine.scheduler.has_work():
+        engine.step()
+    chat_left = engine.clock.now
+    steps = burst_of_lines(engine)
+    # (The chat was last seen when its last step began, a little before it left.)
+    within = [took for began, took in steps if began - chat_left <= ONLINE_LINGER_S - 1]
+    after = [took for began, took in steps if began - chat_left > ONLINE_LINGER_S + full_step]
+    # Steps timed against the decodes beside them, or as if one decode ran when none does.
+    assert len(within) > 10 and max(within) < full_step / 4
+    assert after and max(after) >= full_step, "once online traffic has gone, full steps again"
 
 
 # -- the real engine --------------------------------------------------------------------------------

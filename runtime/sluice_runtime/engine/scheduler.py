@@ -8,14 +8,22 @@ chunks. Age is counted in prefill work: a prompt that has seen PREFILL_AGE_LIMIT
 prompts prefilled since it arrived goes ahead of shorter ones, so long prompts never starve. Within a
 priority, tenants take turns in proportion to their shares (fair_share), each tenant's prompts in the
 order above. The time budget holds only where someone waits on the decodes it protects: a streamed
-request, or a request that was there before the prompt. An offline batch or a burst of requests
-read whole fills every step's token budget, which finishes them all soonest. A long prompt (longer
+request, or a request that was there before the prompt. A burst of requests read whole fills
+every step's token budget, which finishes them all soonest. A long prompt (longer
 than one step's token budget) is what the budget holds back for short requests' streams; beside
 the streams of long prompts only, it fills the token budget too, as they did in their turn, so a
 few long documents are not prefilled crumb by crumb behind each other's first tokens. When the KV
 cache runs out, the least important running sequence (least urgent, then most recent) is preempted
 and later recomputed from its tokens; so is one when a more urgent prompt waits for a place in a
 full batch.
+
+Batch-class requests (sluice_contracts.request_priority.in_batch_class: the gateway's offline
+batches) run on what online requests leave. A step that prefills an online prompt carries no
+batch-class rows, decodes or chunks, so an online request's first token waits for its own prompt
+only; if no online prompt can start in the step (memory, an adapter slot), batch-class work runs
+in it as usual. While an online request is in the engine, or was within ONLINE_LINGER_S, batch-class
+prompts are prefilled in chunks timed by the step budget, decodes running or not, so one arriving
+waits for a short step in progress; on a replica with no online traffic they fill the token budget.
 """
 from __future__ import annotations
 
@@ -25,6 +33,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sluice_contracts.request_priority import in_batch_class
+
 from .block_manager import BlockManager
 from .fair_share import FairShare
 from .sequence import Sequence, SequenceGroup, SequenceStatus
@@ -33,6 +43,9 @@ from .step_budget import AUTO, Allowance, StepBudget, chunk_pairs
 
 # Tokens of other prompts' prefill a waiting prompt lets go ahead of it (about 8 full steps).
 PREFILL_AGE_LIMIT = 8192
+# How long after the last online request batch-class prompts still take short steps: online requests that come
+# one after another, a think time apart, each find a short step in progress.
+ONLINE_LINGER_S = 5.0
 
 
 @dataclass
@@ -74,6 +87,10 @@ class SchedulerOutput:
         return not self.decodes and not self.prefills
 
 
+def _batch_class(seq: Sequence) -> bool:
+    return in_batch_class(seq.group.priority)
+
+
 def _order(seq: Sequence) -> tuple[int, int, int]:
     return (*seq.group.sort_key(), seq.index)
 
@@ -111,6 +128,7 @@ class Scheduler:
         self.prefill_work = 0
         self._arrived_at: dict[Sequence, int] = {}
         self.fair = FairShare()
+        self._online_seen = -math.inf
 
     # -- queue management -----------------------------------------------------------------------
 
@@ -157,14 +175,44 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Every running decode that the KV cache can grow (preempting the lowest-ranked sequences when
-        it is full), then prefill chunks in prefill order until the step's prefill budget is spent."""
+        it is full), then prefill chunks in prefill order until the step's prefill budget is spent.
+        Online work goes first: when an online prompt gets a chunk, the step carries no batch-class rows."""
         out = SchedulerOutput()
         self._make_room_for_urgent()
         self.running.sort(key=_order)
         scheduled: set[int] = set()
+        online_about = self._online_about()
+        loras = self.running_loras()
+        order = self._prefill_order()
+        self._schedule_decodes(out, scheduled, batch_class=False)
+        online_prompts = [seq for seq in order if not _batch_class(seq)]
+        if online_prompts:
+            self._schedule_prefills(out, scheduled, online_prompts, loras, online_about)
+        if not out.prefills:
+            # No online prompt could start now (memory, an adapter slot): the batch class runs as usual.
+            self._schedule_decodes(out, scheduled, batch_class=True)
+            self._schedule_prefills(out, scheduled, order, loras, online_about)
 
+        if out.is_empty and self.running and not self.blocks.num_free_blocks:
+            # Everyone is blocked on memory and every victim hit its preemption cap: break the tie anyway.
+            self.preempt(max(self.running, key=_order))
+        self._step_started = self.clock()
+        return out
+
+    def _online_about(self) -> bool:
+        """Whether an online request is in the engine or was within ONLINE_LINGER_S: batch-class prompts then
+        take short steps, so the next online request waits for little."""
+        now = self.clock()
+        if any(not _batch_class(seq) for seq in self.running) or any(not _batch_class(seq) for seq in self.waiting):
+            self._online_seen = now
+        return now - self._online_seen <= ONLINE_LINGER_S
+
+    def _schedule_decodes(self, out: SchedulerOutput, scheduled: set[int], batch_class: bool) -> None:
+        """A decode row for each running sequence of the batch class (or of the others) that the KV cache can grow."""
+        first = len(out.decodes)
         for seq in list(self.running):
-            if seq.is_prefilling or seq not in self.running or len(scheduled) >= self.max_num_seqs:
+            if (_batch_class(seq) != batch_class or seq.is_prefilling or seq not in self.running
+                    or len(scheduled) >= self.max_num_seqs):
                 continue
             if not self._make_room(seq, 1, scheduled):
                 continue
@@ -172,20 +220,25 @@ class Scheduler:
             out.decodes.append(ScheduledSeq(seq, 1))
             scheduled.add(id(seq))
         if self.speculator is not None:
-            self._add_drafts(out.decodes)
+            self._add_drafts(out.decodes, first)
 
+    def _schedule_prefills(self, out: SchedulerOutput, scheduled: set[int], order: list[Sequence], loras: set[int],
+                           online_about: bool) -> None:
+        """Chunks of the prompts in `order` beside the step's decodes, within its prefill budget; a batch-class
+        prompt's are timed while online requests are about."""
         allowance = self.step_budget.allowance(sum(s.num_tokens for s in out.decodes),
-                                               sum(s.attention_pairs for s in out.decodes))
-        loras = self.running_loras()
+                                               sum(s.attention_pairs for s in out.decodes), short=online_about)
         shield = self._shield(out.decodes)
-        for seq in self._prefill_order():
+        for seq in order:
             if allowance.tokens < 1 or len(scheduled) >= self.max_num_seqs:
                 break
+            if id(seq) in scheduled:
+                continue
             waiting = seq.status is SequenceStatus.WAITING
             lora_id = seq.group.lora_id
             if lora_id and lora_id not in loras and len(loras) >= self.max_loras:
                 continue  # its adapter waits for a slot; other prompts may still run
-            timed = shield(seq)
+            timed = shield(seq) or (online_about and _batch_class(seq))
             chunk = self._allocate_chunk(seq, allowance, timed)
             if chunk == 0 and waiting:
                 break  # the first waiting prompt that does not fit holds back those after it
@@ -195,17 +248,12 @@ class Scheduler:
                 if lora_id:
                     loras.add(lora_id)
 
-        if out.is_empty and self.running and not self.blocks.num_free_blocks:
-            # Everyone is blocked on memory and every victim hit its preemption cap: break the tie anyway.
-            self.preempt(max(self.running, key=_order))
-        self._step_started = self.clock()
-        return out
-
-    def _add_drafts(self, decodes: list[ScheduledSeq]) -> None:
-        """Extend decodes with draft tokens once every decode has its slot, within the step's token budget and
-        the KV cache's free blocks above the watermark: a guess never preempts or holds back anyone."""
-        room = self.max_num_batched_tokens - len(decodes)
-        for item in decodes:
+    def _add_drafts(self, decodes: list[ScheduledSeq], first: int) -> None:
+        """Extend decodes from `first` on with draft tokens once every decode has its slot, within the step's
+        token budget and the KV cache's free blocks above the watermark: a guess never preempts or holds back
+        anyone."""
+        room = self.max_num_batched_tokens - sum(item.num_tokens for item in decodes)
+        for item in decodes[first:]:
             if room < 1:
                 return
             slots = self.blocks.allocatable_tokens(item.seq, reserve=self.watermark) - 1

@@ -19,8 +19,10 @@ prompts, wide rows) run dearer than it says and decode-only steps cheaper, so st
 the target. A step with chunks is therefore predicted as the line's prediction times the measured
 over predicted ratio of the last few such steps.
 
-With no decode running there is nothing to protect and the chunks share the whole token budget.
-Which other steps the budget leaves alone is the scheduler's policy (its module docstring).
+With no decode running there is nothing to protect and the chunks share the whole token budget,
+unless the scheduler asks for a short step anyway (batch work while online requests are about: one
+arriving waits for the step in progress); the target is then auto's, or the number, as if one
+decode ran. Which other steps the budget leaves alone is the scheduler's policy (its module docstring).
 A step's first chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a
 target that the decodes alone already exceed, and later ones are not cut smaller either (unless
 that finishes their prompt). The price is throughput where a step's fixed cost is
@@ -203,18 +205,19 @@ class StepBudget:
         seconds, pairs, _ = self.decode_only[batch]
         return max(line / OUTLIER_FACTOR, seconds + line - self.model.predict(batch, pairs))
 
-    def allowance(self, num_decodes: int, decode_pairs: int) -> Allowance:
+    def allowance(self, num_decodes: int, decode_pairs: int, short: bool = False) -> Allowance:
         """What the prefill chunks of a step with `num_decodes` decodes (reading `decode_pairs`
-        keys in all) may take."""
+        keys in all) may take; timed with no decode too when `short`."""
         self.recent_batches.append((num_decodes, decode_pairs))
         room = self.max_tokens - num_decodes
-        if self.target_itl == OFF or num_decodes == 0 or not self.model.fitted:
+        if self.target_itl == OFF or (num_decodes == 0 and not short) or not self.model.fitted:
             return Allowance(room)
         if self.target_itl == AUTO:
             # When the batch shrinks, the time its streams no longer take goes to prefill instead
             # of speeding up the streams left: they keep the pace promised to the recent largest
             # batch, and the prompts behind them are not cut into crumbs.
-            target = AUTO_DECODE_FACTOR * self.decode_only_step(*max(self.recent_batches))
+            batch, pairs = max(self.recent_batches)
+            target = AUTO_DECODE_FACTOR * self.decode_only_step(max(batch, 1), pairs)
         else:
             target = self.target_itl
         _, per_token, per_pair = self.model.coefficients()
