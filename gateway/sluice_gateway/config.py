@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from sluice_contracts import request_priority
+from sluice_contracts.runtime_flags import DEFAULT_MAX_NUM_SEQS
 
 from .batch.database import POSTGRES_SCHEMES
 
@@ -286,7 +287,9 @@ class Batch(_Strict):
         default=50_000, gt=0, le=1_000_000, strict=True, description="Most lines in an uploaded file (else 413).",
     )
     concurrency: int = Field(
-        default=8, ge=1, le=1024, strict=True, description="Batch lines each gateway replica runs at once.",
+        default=DEFAULT_MAX_NUM_SEQS, ge=1, le=1024, strict=True,
+        description="Batch lines each gateway replica runs at once; the default fills one runtime's batch "
+                    "(its --max-num-seqs default), which an idle replica needs to reach its throughput.",
     )
     lease_s: float = Field(
         default=60.0, ge=1, le=3600,

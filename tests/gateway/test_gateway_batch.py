@@ -48,7 +48,8 @@ def routes(tiny_runtimes):
 @pytest.fixture(scope="module")
 def gateway(routes, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("batch-gateway")
-    with run_gateway(config(workdir), routes, workdir) as gw:
+    # A few lines at once, so that a batch of a dozen has lines running and lines queued when a runtime dies.
+    with run_gateway(config(workdir, concurrency=4), routes, workdir) as gw:
         yield gw
 
 

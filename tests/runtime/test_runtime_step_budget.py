@@ -557,6 +557,24 @@ def test_batch_class_work_runs_as_usual_when_the_online_prompt_cannot_start():
     assert len(plan.decodes) == 20 and engine.chunk_of(plan, "long-line") > 0 and engine.chunk_of(plan, "chat") == 0
 
 
+def test_batch_class_decodes_shield_no_prompt_so_an_idle_replicas_batch_fills_the_token_budget():
+    engine = Engine()
+    batch_lines_decoding(engine)
+    plan = engine.step()
+    assert len(plan.decodes) == 20 and engine.chunk_of(plan, "long-line") == 1024 - 20, \
+        "lines read whole wait for throughput, not for each other's next token"
+
+    online = Engine()
+    for i in range(20):
+        online.add(f"early{i}", 60, max_tokens=10_000, streamed=False)
+    while len(online.first_token_step) < 20:
+        online.step()
+    online.add("long-line", 3000, priority=BATCH, streamed=False)
+    plan = online.step()
+    assert len(plan.decodes) == 20 and 0 < online.chunk_of(plan, "long-line") < (1024 - 20) / 4, \
+        "an online request that was there first is shielded from a batch prompt"
+
+
 def burst_of_lines(engine: Engine) -> list[tuple[float, float]]:
     """A burst of batch-class lines read whole: when each step that prefills started, and how long it took."""
     for i in range(32):

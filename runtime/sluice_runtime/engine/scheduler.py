@@ -272,8 +272,10 @@ class Scheduler:
         decode shields its reader from every prompt, except that a stream of a long prompt (longer
         than one step's token budget) takes long prompts' chunks as they come, as they took its; an
         unstreamed one only from prompts that came after the earliest of them (requests that arrived
-        together, with no prefill between them, only wait for the batch to finish)."""
+        together, with no prefill between them, only wait for the batch to finish). A batch-class
+        decode shields nobody: its lines are read whole, and throughput is what they wait for."""
         long_prompt = self.max_num_batched_tokens
+        decodes = [item for item in decodes if not _batch_class(item.seq)]
         streams = [item.seq.num_prompt_tokens for item in decodes if item.seq.group.streamed]
         shields_all = any(tokens <= long_prompt for tokens in streams)
         since = min((self._arrived_at.get(item.seq, self.prefill_work) for item in decodes
