@@ -541,8 +541,10 @@ def test_the_step_that_prefills_an_online_prompt_carries_no_batch_class_rows(pri
     plan = engine.step()
     assert [(s.seq.group.request_id, s.num_tokens) for s in plan.scheduled] == [("chat", 80)]
     plan = engine.step()
-    decoding = {s.seq.group.request_id for s in plan.decodes}
-    assert decoding == {"chat"} | {f"line{i}" for i in range(20)}, "the batch lines decode again beside the chat"
+    decoding = [s.seq.group.request_id for s in plan.decodes]
+    lines = decoding[1:]
+    assert decoding[0] == "chat" and lines == [f"line{i}" for i in range(len(lines))] and lines, \
+        "the earliest batch lines decode again beside the chat"
 
 
 def test_batch_class_work_runs_as_usual_when_the_online_prompt_cannot_start():
@@ -554,7 +556,7 @@ def test_batch_class_work_runs_as_usual_when_the_online_prompt_cannot_start():
     engine.add("chat", 80)
     engine.groups["chat"].lora = LoraRef(2, "chat-adapter", "/adapters/b")  # no slot while adapter 1 runs
     plan = engine.step()
-    assert len(plan.decodes) == 20 and engine.chunk_of(plan, "long-line") > 0 and engine.chunk_of(plan, "chat") == 0
+    assert plan.decodes and engine.chunk_of(plan, "long-line") > 0 and engine.chunk_of(plan, "chat") == 0
 
 
 def test_batch_class_decodes_shield_no_prompt_so_an_idle_replicas_batch_fills_the_token_budget():
@@ -605,6 +607,25 @@ def test_batch_class_prompts_take_short_steps_while_online_requests_are_about_an
     # Steps timed against the decodes beside them, or as if one decode ran when none does.
     assert len(within) > 10 and max(within) < full_step / 4
     assert after and max(after) >= full_step, "once online traffic has gone, full steps again"
+
+
+def test_while_online_requests_are_about_only_as_many_lines_decode_as_keep_the_step_short():
+    engine = Engine()
+    batch_lines_decoding(engine, n=60)
+    engine.add("chat", 60, max_tokens=10_000)
+    engine.step()  # the chat's prompt, alone
+    rows = []
+    for _ in range(30):
+        plan = engine.step()
+        rows.append(sum(1 for s in plan.decodes if s.seq.group.priority == BATCH))
+        assert any(s.seq.group.request_id == "chat" for s in plan.decodes), "the chat decodes in every step"
+    chat_and_lines = cpu_step(1 + rows[-1])
+    assert 0 < max(rows[5:]) < 60 and chat_and_lines <= 2.2 * cpu_step(1), \
+        "the lines' rows at most double the step of the chat's alone"
+    engine.scheduler.finish(engine.groups["chat"].seqs[0], "abort")
+    engine.clock.now += ONLINE_LINGER_S + 1
+    plan = engine.step()
+    assert sum(1 for s in plan.decodes if s.seq.group.priority == BATCH) == 60, "alone, every line decodes"
 
 
 # -- the real engine --------------------------------------------------------------------------------

@@ -22,8 +22,9 @@ batches) run on what online requests leave. A step that prefills an online promp
 batch-class rows, decodes or chunks, so an online request's first token waits for its own prompt
 only; if no online prompt can start in the step (memory, an adapter slot), batch-class work runs
 in it as usual. While an online request is in the engine, or was within ONLINE_LINGER_S, batch-class
-prompts are prefilled in chunks timed by the step budget, decodes running or not, so one arriving
-waits for a short step in progress; on a replica with no online traffic they fill the token budget.
+prompts are prefilled in chunks timed by the step budget, decodes running or not, and only as many
+lines decode as keep the step short (step_budget.py), so one arriving waits for a short step in
+progress; on a replica with no online traffic they fill the token budget.
 """
 from __future__ import annotations
 
@@ -187,11 +188,13 @@ class Scheduler:
         self._schedule_decodes(out, scheduled, batch_class=False)
         online_prompts = [seq for seq in order if not _batch_class(seq)]
         if online_prompts:
-            self._schedule_prefills(out, scheduled, online_prompts, loras, online_about)
+            self._schedule_prefills(out, scheduled, online_prompts, loras, short=False)
         if not out.prefills:
-            # No online prompt could start now (memory, an adapter slot): the batch class runs as usual.
-            self._schedule_decodes(out, scheduled, batch_class=True)
-            self._schedule_prefills(out, scheduled, order, loras, online_about)
+            # No online prompt could start now (memory, an adapter slot): the batch class runs as usual, in a
+            # short step while online requests are about.
+            limit = self.step_budget.decodes_within_short_step(len(out.decodes)) if online_about else None
+            self._schedule_decodes(out, scheduled, batch_class=True, limit=limit)
+            self._schedule_prefills(out, scheduled, order, loras, short=online_about)
 
         if out.is_empty and self.running and not self.blocks.num_free_blocks:
             # Everyone is blocked on memory and every victim hit its preemption cap: break the tie anyway.
@@ -207,10 +210,14 @@ class Scheduler:
             self._online_seen = now
         return now - self._online_seen <= ONLINE_LINGER_S
 
-    def _schedule_decodes(self, out: SchedulerOutput, scheduled: set[int], batch_class: bool) -> None:
-        """A decode row for each running sequence of the batch class (or of the others) that the KV cache can grow."""
+    def _schedule_decodes(self, out: SchedulerOutput, scheduled: set[int], batch_class: bool,
+                          limit: int | None = None) -> None:
+        """A decode row for each running sequence of the batch class (or of the others) that the KV cache can grow,
+        at most `limit` of them (the most important first: the earliest lines finish and make room)."""
         first = len(out.decodes)
         for seq in list(self.running):
+            if limit is not None and len(out.decodes) - first >= limit:
+                break
             if (_batch_class(seq) != batch_class or seq.is_prefilling or seq not in self.running
                     or len(scheduled) >= self.max_num_seqs):
                 continue
@@ -223,11 +230,11 @@ class Scheduler:
             self._add_drafts(out.decodes, first)
 
     def _schedule_prefills(self, out: SchedulerOutput, scheduled: set[int], order: list[Sequence], loras: set[int],
-                           online_about: bool) -> None:
+                           short: bool) -> None:
         """Chunks of the prompts in `order` beside the step's decodes, within its prefill budget; a batch-class
-        prompt's are timed while online requests are about."""
+        prompt's are timed to a short step when `short` (online requests are about)."""
         allowance = self.step_budget.allowance(sum(s.num_tokens for s in out.decodes),
-                                               sum(s.attention_pairs for s in out.decodes), short=online_about)
+                                               sum(s.attention_pairs for s in out.decodes), short=short)
         shield = self._shield(out.decodes)
         for seq in order:
             if allowance.tokens < 1 or len(scheduled) >= self.max_num_seqs:
@@ -238,7 +245,7 @@ class Scheduler:
             lora_id = seq.group.lora_id
             if lora_id and lora_id not in loras and len(loras) >= self.max_loras:
                 continue  # its adapter waits for a slot; other prompts may still run
-            timed = shield(seq) or (online_about and _batch_class(seq))
+            timed = shield(seq) or (short and _batch_class(seq))
             chunk = self._allocate_chunk(seq, allowance, timed)
             if chunk == 0 and waiting:
                 break  # the first waiting prompt that does not fit holds back those after it

@@ -21,8 +21,9 @@ over predicted ratio of the last few such steps.
 
 With no decode running there is nothing to protect and the chunks share the whole token budget,
 unless the scheduler asks for a short step anyway (batch work while online requests are about: one
-arriving waits for the step in progress); the target is then auto's, or the number, as if one
-decode ran. Which other steps the budget leaves alone is the scheduler's policy (its module docstring).
+arriving waits for the step in progress). A short step aims at SHORT_STEP_FACTOR times auto's
+decode-only step instead of AUTO_DECODE_FACTOR (with a number, at the number), decodes running or
+not, so its chunks take at most what the decodes leave of the step they would run alone. Which other steps the budget leaves alone is the scheduler's policy (its module docstring).
 A step's first chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a
 target that the decodes alone already exceed, and later ones are not cut smaller either (unless
 that finishes their prompt). The price is throughput where a step's fixed cost is
@@ -41,6 +42,12 @@ from ..engine_config import AUTO, OFF
 # 99th-percentile token gap should stay within twice the decode-only step (README, the
 # short-under-long mix).
 AUTO_DECODE_FACTOR = 1.7
+# A short step is no longer than its decodes alone would take: an online request that arrives waits for
+# that step in progress, so every share of it batch work takes is added to that request's first token.
+SHORT_STEP_FACTOR = 1.0
+# A short step's batch work decodes as many batch lines as keep it within this many times the step of the
+# online decodes alone: a full batch of lines would make every short step several times longer on a CPU.
+SHORT_STEP_DECODES_FACTOR = 2.0
 MIN_CHUNK = 16
 BATCH_MEMORY = 64
 # Weight of the step before each new one in the fit: about the last 20 steps count.
@@ -217,7 +224,7 @@ class StepBudget:
             # of speeding up the streams left: they keep the pace promised to the recent largest
             # batch, and the prompts behind them are not cut into crumbs.
             batch, pairs = max(self.recent_batches)
-            target = AUTO_DECODE_FACTOR * self.decode_only_step(max(batch, 1), pairs)
+            target = (SHORT_STEP_FACTOR if short else AUTO_DECODE_FACTOR) * self.decode_only_step(max(batch, 1), pairs)
         else:
             target = self.target_itl
         _, per_token, per_pair = self.model.coefficients()
@@ -232,6 +239,21 @@ class StepBudget:
             return 0.0
         depth = next((pairs / batch for batch, pairs in reversed(self.recent_batches) if batch), 0.0)
         return self.decode_only_step(num_decodes, depth * num_decodes)
+
+    def decodes_within_short_step(self, num_decodes: int) -> int | None:
+        """How many decodes a short step beside `num_decodes` others may add (SHORT_STEP_DECODES_FACTOR);
+        None (no bound) before any step was timed or with the budget off."""
+        if self.target_itl == OFF or not self.model.fitted:
+            return None
+        limit = SHORT_STEP_DECODES_FACTOR * self.decode_step_s(max(num_decodes, 1))
+        low, high = 0, self.max_tokens - num_decodes
+        while low < high:  # the largest count whose step fits; steps grow with their batch
+            middle = (low + high + 1) // 2
+            if self.decode_step_s(num_decodes + middle) <= limit:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def prefill_token_s(self) -> float:
         """Seconds one prompt token adds to a step, as steps with chunks ran lately; 0 before any step was timed."""
