@@ -9,7 +9,7 @@ from fixtures.model import chat_prompt
 from sluice_contracts import metric_names as names
 from sluice_runtime.engine.llm_engine import LLMEngine
 from sluice_runtime.engine.sequence import SequenceGroup
-from sluice_runtime.engine.speculation import Speculator, lookup, parse_speculative_config
+from sluice_runtime.engine.speculation import Speculator, draft_length, lookup, parse_speculative_config
 from sluice_runtime.engine_config import EngineConfig
 from sluice_runtime.sampling_params import SamplingParams
 from sluice_runtime.server.metrics import RuntimeMetrics
@@ -69,8 +69,9 @@ def test_greedy_output_is_identical_with_stops_logprobs_and_penalties(smollm2_to
     _assert_same(_run(engine, requests, steps), reference)
     assert "grape" not in reference[3][2] and reference[3][3] == "stop"
     assert len(reference[4][0]) == 7
-    # The repeated list is where drafts pay: it is answered in far fewer steps.
-    assert steps["r0"] * 2 < plain_steps["r0"]
+    # The repeated list is where drafts pay: it is answered in fewer steps (how many fewer, in a batch of nine,
+    # depends on what a row costs this CPU against a step).
+    assert steps["r0"] < plain_steps["r0"]
     stats = engine.stats()
     assert 0 < stats.spec_decode_num_accepted_tokens <= stats.spec_decode_num_draft_tokens
     # The same counters under vLLM's names, which acceptance-rate dashboards divide.
@@ -141,7 +142,7 @@ def _homogeneous(a: collections.Counter, b: collections.Counter) -> bool:
     return stat < critical
 
 
-def test_sampled_tokens_keep_the_target_distribution(tiny_model_dir):
+def test_sampled_tokens_keep_the_target_distribution(tiny_model_dir, monkeypatch):
     """Rejection sampling against plain decoding, unseeded, on a four-token vocabulary (top_k=4) of the random
     model at a low temperature, where about half the drafts are right. How often a token is what the n-gram
     lookup would draft there must agree (a two-proportion z-test at p=0.001): an acceptance that keeps a wrong
@@ -154,6 +155,9 @@ def test_sampled_tokens_keep_the_target_distribution(tiny_model_dir):
                   max_model_len=64, target_itl_ms="off")
     plain = _run(LLMEngine(EngineConfig(**config, seed=1)), requests)
     engine = LLMEngine(EngineConfig(**config, seed=2, speculative_config=NGRAM))
+    # Every step drafts what it can, as where a row costs a step nothing: how many drafts a step makes is the
+    # scheduler's (timed) choice, and this test needs many, whatever the machine's timings.
+    monkeypatch.setattr(engine.scheduler.step_budget, "sampled_row_s", lambda: 0.0)
     drafted = _run(engine, requests)
 
     def hits(run) -> list[bool]:
@@ -177,20 +181,59 @@ def test_lookup_proposes_what_followed_the_longest_latest_match():
     assert lookup([1, 2, 3], 3, 1, 4) == []
 
 
-def test_drafts_shrink_and_pause_while_they_miss():
-    speculator = Speculator(parse_speculative_config(NGRAM), max_model_len=64)
-    seq = SequenceGroup("r", [5, 6, 7, 8, 9] * 3, SamplingParams(temperature=0, max_tokens=20)).seqs[0]
-    assert speculator.drafts(seq, room=16) == [5, 6, 7, 8, 9]
-    pauses = []
-    for _ in range(3):
-        speculator.observe(seq, accepted=0)
-        pauses.append(sum(1 for _ in iter(lambda: speculator.drafts(seq, 16), [5])))
-    assert pauses == [1, 3, 7]  # each miss in a row doubles the wait; then one draft of one token
-    speculator.observe(seq, accepted=1)
-    assert speculator.drafts(seq, room=16) == [5, 6, 7, 8, 9]  # a hit restores the full length
-    assert speculator.drafts(seq, room=1) == [5]
+def test_draft_length_is_the_positions_whose_chance_to_be_kept_pays_for_them():
+    assert draft_length(0.5, 0.0, 5) == 5  # drafts cost nothing yet (no step timed)
+    assert draft_length(0.5, 0.2, 5) == 2  # 0.5 and 0.25 pass, 0.125 does not
+    assert draft_length(0.9, 0.03, 5) == 5 and draft_length(0.9, 0.03, 3) == 3
+    assert draft_length(0.2, 0.2, 5) == 0 and draft_length(0.1, 0.5, 5) == 0
+    assert draft_length(1.0, 0.9, 4) == 4
+
+
+def test_drafts_shorten_while_they_miss_and_a_sequence_is_tried_again_later():
+    speculator = Speculator(parse_speculative_config(NGRAM), max_model_len=200)
+    seq = SequenceGroup("r", [5, 6, 7, 8, 9] * 3, SamplingParams(temperature=0, max_tokens=100)).seqs[0]
+    threshold = 0.1  # a batch in which a draft must be kept one time in ten to pay for its row
+    assert speculator.drafts(seq, room=16, threshold=threshold) == [5, 6, 7]  # the prior: half of them kept
+    lengths = []
+    while not lengths or lengths[-1]:
+        drafts = speculator.drafts(seq, room=16, threshold=threshold)
+        lengths.append(len(drafts))
+        speculator.observe(seq, accepted=0, drafted=len(drafts)) if drafts else None
+        assert len(lengths) < 20, lengths
+    assert lengths[:2] == [3, 2] and lengths == sorted(lengths, reverse=True), lengths
+    waited = 0
+    while not speculator.drafts(seq, room=16, threshold=threshold):
+        waited += 1
+        assert waited < 64, "a sequence that missed is never tried again"
+    assert waited > 1
+    for _ in range(4):
+        speculator.observe(seq, accepted=5, drafted=5)
+    assert speculator.drafts(seq, room=16, threshold=threshold) == [5, 6, 7, 8, 9]  # hits bring the length back
+    assert speculator.drafts(seq, room=1, threshold=threshold) == [5]
+    assert speculator.drafts(seq, room=16, threshold=0.0) == [5, 6, 7, 8, 9]
     sampled = SequenceGroup("s", [5, 6, 5, 6], SamplingParams(temperature=0.7)).seqs[0]
     assert speculator.drafts(sampled, room=16) == [5, 6]
+
+
+def test_a_lone_stream_drafts_more_than_each_of_a_large_batch(smollm2_tokenizer):
+    engine = LLMEngine(EngineConfig(model="smollm2", speculative_config=NGRAM, max_num_seqs=64))
+    items = "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango, nectarine"
+    prompt = chat_prompt(smollm2_tokenizer, f"Repeat this list exactly, nothing else: {items}.")
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    def drafts_per_row(concurrency: int) -> float:
+        before = (engine.num_draft_tokens, engine.steps)
+        rows = 0
+        for i in range(concurrency):
+            engine.add_request(f"c{concurrency}-{i}", prompt, params)
+        while engine.has_unfinished_requests():
+            rows += sum(1 for seq in engine.scheduler.running if not seq.is_prefilling)
+            engine.step()
+        return (engine.num_draft_tokens - before[0]) / rows
+
+    drafts_per_row(4)  # times steps of several sizes
+    lone, batch = drafts_per_row(1), drafts_per_row(48)
+    assert lone > 1.5 and batch < lone / 2, (lone, batch)
 
 
 @pytest.mark.parametrize("value, message", [

@@ -463,7 +463,7 @@ class LLMEngine:
             accepted += 1
         item.num_accepted = accepted
         if drafts:
-            self.scheduler.speculator.observe(item.seq, accepted)
+            self.scheduler.speculator.observe(item.seq, accepted, len(drafts))
             self.num_drafts += 1
             self.num_draft_tokens += len(drafts)
             for position in range(accepted):

@@ -17,6 +17,7 @@ request whose grammar's state cannot be rewound (json_schema, tools) decodes one
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,8 +28,14 @@ from sluice_contracts.runtime_flags import NUM_SPECULATIVE_TOKENS, SPECULATIVE_M
 if TYPE_CHECKING:
     from .sequence import Sequence
 
-# Decode steps, at most, that a sequence whose drafts keep missing waits before drafting again.
-MAX_PAUSE = 16
+# What a sequence's acceptance is taken to be before its first verification: one draft kept of two checked.
+PRIOR_KEPT, PRIOR_TRIED = 1.0, 2.0
+# Weight of what came before at each verification: about the last 8 count.
+ACCEPTANCE_DECAY = 0.875
+# At each step without a verification, the estimate keeps this much of itself and moves the rest of the way back
+# to the prior: a sequence whose drafts stopped paying is tried again after a few steps, the fewer the closer it
+# was to paying.
+RETRY_DRIFT = 0.97
 # (prompt_lookup_max, prompt_lookup_min) when the config gives neither.
 DEFAULT_LOOKUP = (3, 1)
 _KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
@@ -103,12 +110,33 @@ def lookup(token_ids: list[int], max_n: int, min_n: int, k: int) -> list[int]:
 
 @dataclass
 class Drafting:
-    """How one sequence's drafts have fared: a verification costs a step more than a decode, so a sequence whose
-    text does not repeat drafts ever more rarely, and one whose drafts hold keeps drafting the full length."""
+    """How one sequence's drafts have fared: drafts kept and drafts checked (up to the first one rejected), both
+    decayed so that the latest verifications count most; their ratio is its chance to keep each next draft."""
 
-    length: int  # draft tokens its next verification may carry
-    backoff: int = 0  # the pause its latest miss earned: 0 after a verification that accepted a draft
-    pause: int = 0  # decode steps left before it drafts again
+    kept: float = PRIOR_KEPT
+    tried: float = PRIOR_TRIED
+
+    @property
+    def acceptance(self) -> float:
+        return self.kept / self.tried
+
+    def fold(self, kept: float, tried: float) -> None:
+        self.kept = ACCEPTANCE_DECAY * self.kept + kept
+        self.tried = ACCEPTANCE_DECAY * self.tried + tried
+
+    def drift(self) -> None:
+        self.kept = RETRY_DRIFT * self.kept + (1 - RETRY_DRIFT) * PRIOR_KEPT
+        self.tried = RETRY_DRIFT * self.tried + (1 - RETRY_DRIFT) * PRIOR_TRIED
+
+
+def draft_length(acceptance: float, threshold: float, most: int) -> int:
+    """The most drafts, up to `most`, whose chance to be kept (acceptance to the power of its position) is at
+    least `threshold`."""
+    if threshold <= 0 or acceptance >= 1:
+        return most
+    if acceptance <= threshold:
+        return 0
+    return min(most, int(math.log(threshold) / math.log(acceptance) + 1e-9))
 
 
 class Speculator:
@@ -118,30 +146,35 @@ class Speculator:
         self.config = config
         self.max_model_len = max_model_len
 
-    def drafts(self, seq: "Sequence", room: int) -> list[int]:
+    def drafts(self, seq: "Sequence", room: int, threshold: float = 0.0) -> list[int]:
         """Drafts for `seq`'s next step, at most `room` (the KV slots it may take beyond its next token), never
-        past its max_tokens or the context, so the token the target adds stays within both."""
+        past its max_tokens or the context, so the token the target adds stays within both; only those whose
+        chance to be kept is at least `threshold` (what a draft token costs the step, in tokens it yields)."""
         params = seq.group.params
         if seq.constraint is not None:
             return []
         state = seq.drafting
         if not isinstance(state, Drafting):
-            state = seq.drafting = Drafting(self.config.num_speculative_tokens)
-        if state.pause:
-            state.pause -= 1
-            return []
+            state = seq.drafting = Drafting()
         left = self.max_model_len - len(seq.token_ids)
         if params.max_tokens is not None:
             left = min(left, params.max_tokens - seq.num_output_tokens)
         cfg = self.config
-        return lookup(seq.token_ids, cfg.prompt_lookup_max, cfg.prompt_lookup_min, min(state.length, room, left - 1))
+        length = min(draft_length(state.acceptance, threshold, cfg.num_speculative_tokens), room, left - 1)
+        drafts = lookup(seq.token_ids, cfg.prompt_lookup_max, cfg.prompt_lookup_min, length) if length > 0 else []
+        if not drafts:
+            # Not checked this step: a sequence whose text starts repeating later is tried again.
+            state.drift()
+        return drafts
 
-    def observe(self, seq: "Sequence", accepted: int) -> None:
-        """Its latest verification kept `accepted` drafts. A hit restores the full draft length: repeated text
-        runs on past a changed word, and a longer query costs a memory-bound step little. A miss cuts the drafts
-        to one token and pauses drafting for about twice as many steps as the miss before it, up to MAX_PAUSE."""
+    def expected_kept(self, seq: "Sequence", drafted: int) -> float:
+        """Of `drafted` drafts for `seq`, how many it is expected to keep."""
+        acceptance = seq.drafting.acceptance if isinstance(seq.drafting, Drafting) else PRIOR_KEPT / PRIOR_TRIED
+        return sum(acceptance ** position for position in range(1, drafted + 1))
+
+    def observe(self, seq: "Sequence", accepted: int, drafted: int) -> None:
+        """Its latest verification kept `accepted` of `drafted` drafts: checked were those and the first one
+        rejected, if any."""
         state = seq.drafting
         assert isinstance(state, Drafting)
-        state.length = self.config.num_speculative_tokens if accepted else 1
-        state.backoff = min(MAX_PAUSE, 2 * state.backoff + 1) if accepted == 0 else 0
-        state.pause = state.backoff
+        state.fold(accepted, accepted + (accepted < drafted))

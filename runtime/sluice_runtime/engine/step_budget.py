@@ -182,6 +182,9 @@ class StepBudget:
     chunk_bias: float = 1.0
     # Decode-only steps by batch: (seconds, attention pairs, the step it was last measured at).
     decode_only: dict[int, tuple[float, float, int]] = field(default_factory=dict)
+    # The line through decode-only steps alone: every row of theirs is sampled, so a row costs the LM head's
+    # logits too, which a prompt's tokens before its last skip.
+    sampled_rows: StepTimeModel = field(default_factory=StepTimeModel)
     steps: int = 0
 
     def observe(self, num_decodes: int, tokens: int, pairs: int, seconds: float) -> None:
@@ -196,6 +199,8 @@ class StepBudget:
                 seconds_then, pairs_then, _ = self.decode_only.get(tokens, (clipped, pairs, 0))
                 self.decode_only[tokens] = (BIAS_DECAY * seconds_then + (1 - BIAS_DECAY) * clipped,
                                             BIAS_DECAY * pairs_then + (1 - BIAS_DECAY) * pairs, self.steps)
+        if tokens == num_decodes:
+            self.sampled_rows.observe(tokens, pairs, seconds)
         self.model.observe(tokens, pairs, seconds)
 
     def decode_only_step(self, num_decodes: int, decode_pairs: float) -> float:
@@ -254,6 +259,15 @@ class StepBudget:
             else:
                 high = middle - 1
         return low
+
+    def sampled_row_s(self) -> float:
+        """Seconds one more sampled row (a decode, a draft to verify) adds to a decode-only step, as such steps of
+        different sizes ran lately; the cost of a prompt token until they differed; 0 before any step was timed."""
+        if self.sampled_rows.fitted:
+            fixed, per_token, _ = self.sampled_rows.coefficients()
+            if fixed > 0:
+                return per_token
+        return self.prefill_token_s()
 
     def prefill_token_s(self) -> float:
         """Seconds one prompt token adds to a step, as steps with chunks ran lately; 0 before any step was timed."""
