@@ -127,7 +127,8 @@ class EngineConfig:
               f"({runtime_flags.NUM_SPECULATIVE_TOKENS.minimum} to {runtime_flags.NUM_SPECULATIVE_TOKENS.maximum}), "
               "\"prompt_lookup_max\": N, \"prompt_lookup_min\": M} drafts up to K tokens from the "
               "request's own prompt and output after its last N..M tokens and checks them in one step (either "
-              "bound alone sets both; neither: 3 and 1). Lossless: greedy and seeded output as without it, sampled "
+              "bound alone sets both; neither: 3 and 1); each step drafts only what is likely to pay for the time "
+              "it adds, so a lone stream drafts K and a large batch little. Lossless: greedy and seeded output as without it, sampled "
               "output from the same distribution. Not for requests with a grammar (json_schema, tools), which "
               "decode one token a step. CPU only, and not with --enable-lora or "
               "--tensor-parallel-size above 1 (default: off)", metavar="JSON")

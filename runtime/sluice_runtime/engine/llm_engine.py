@@ -358,9 +358,7 @@ class LLMEngine:
                     for group in started.values():
                         group.metrics.first_scheduled_time = now
                         self._unstarted.pop(group.request_id, None)
-            # A verification's query spans several tokens over the cached context, as a prompt chunk's does.
-            decodes = [s for s in plan.decodes if not s.draft_ids]
-            chunks = [s for s in plan.decodes if s.draft_ids] + plan.prefills
+            decodes, chunks = plan.decodes, plan.prefills
             executing = time.monotonic()
             results = self.runner.execute([self._batch_item(s) for s in decodes],
                                           [self._batch_item(s) for s in chunks])

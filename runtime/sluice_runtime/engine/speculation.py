@@ -13,6 +13,13 @@ request draws each position with a generator keyed by that position (`position_g
 token for token what decoding without drafts gives; so is greedy output, in float32 (in bfloat16 as closely as a
 change of batch shape leaves greedy output anyway, since its rounding can flip a near tie between two tokens). A
 request whose grammar's state cannot be rewound (json_schema, tools) decodes one token a step.
+
+How many drafts a sequence makes is priced (the scheduler's _add_drafts): each sequence's chance to keep its next
+draft is estimated from its recent verifications, and a draft at position i, kept with that chance to the power i,
+is made when that is at least what the step's rows yield in the time one more sampled row adds to the step. A
+lone stream's step is mostly the read of the weights, so it drafts at full length; in a large batch on a CPU a
+row costs a step a share that only well-repeating text pays back. A verification's rows run as decodes, each over
+the context up to its own token, so they cost what decode rows cost.
 """
 from __future__ import annotations
 

@@ -300,16 +300,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, decodes: list[BatchItem], prefills: list[BatchItem]) -> list[SampleResult]:
-        """Run one packed forward; returns one result per sampled row (an item's verify rows, then its sample), in
-        order."""
+        """Run one packed forward of `decodes` (a token each, or a verification's token and drafts) and prompt
+        chunks; returns one result per sampled row (an item's verify rows, then its sample), in order."""
         step = StepInputs([], [], [], [], [])
         sample_requests: list[SampleRequest] = []
         for i, item in enumerate(decodes + prefills):
             start = len(step.input_ids)
             step.input_ids.extend(item.token_ids)
             step.positions.extend(range(item.start_pos, item.start_pos + len(item.token_ids)))
-            span = SequenceSpan(start, len(item.token_ids), item.start_pos + len(item.token_ids), item.block_table)
-            (step.decodes if i < len(decodes) else step.prefills).append(span)
+            if i < len(decodes):
+                # A verification's rows are decodes, each over the context up to its own token, which the step
+                # writes to the cache before attention reads it: the paged decode kernels read that context in
+                # place, where a chunk's would be gathered out of the cache in every layer.
+                step.decodes.extend(SequenceSpan(start + j, 1, item.start_pos + j + 1, item.block_table)
+                                    for j in range(len(item.token_ids)))
+            else:
+                step.prefills.append(SequenceSpan(start, len(item.token_ids), item.start_pos + len(item.token_ids),
+                                                  item.block_table))
             if item.sample is not None:
                 end = len(step.input_ids)
                 step.sample_rows.extend(range(end - 1 - len(item.verify), end))
