@@ -520,7 +520,7 @@ def quantization_mix(args: argparse.Namespace) -> None:
     weights = {name: each.runner.weight_bytes for name, each in engines.items()}
     print("weights MiB: " + ", ".join(f"{name} {b / 2**20:.0f}" for name, b in weights.items()))
     RESULTS.mkdir(exist_ok=True)
-    summary = {"cpu": paths.describe(), "int8_linears": engines["int8"].runner.linears, "rows": rows,
+    summary = {"host": _host(paths), "cpu": paths.describe(), "int8_linears": engines["int8"].runner.linears, "rows": rows,
                "int8_over_float32": ratios, "weight_bytes": weights, "torch_threads": torch.get_num_threads(),
                "requests": args.requests, "output_len": args.output_len}
     (RESULTS / f"quantization-{paths.level}.json").write_text(json.dumps(summary, indent=2))
@@ -584,14 +584,18 @@ def speculative_mix(args: argparse.Namespace) -> None:
             print(f"{key}: plain ITL / ngram ITL {ratios[key]:.2f}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     paths = cpu_paths()
+    summary = {"host": _host(paths), "cpu": paths.describe(), "speculative_config": NGRAM, "rows": rows, "plain_itl_over_ngram_itl": ratios,
+               "torch_threads": torch.get_num_threads(), "output_len": args.output_len}
+    (RESULTS / f"speculative-{paths.level}.json").write_text(json.dumps(summary, indent=2))
+
+
+def _host(paths) -> dict:
+    """The date, the machine and its CPU path, and the load average as a results file records them."""
     models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
               if line.startswith("model name")] if Path("/proc/cpuinfo").exists() else []
     machine = f"{len(models)}-core {models[0]}, {paths.describe()}" if models else paths.describe()
-    host = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine,
+    return {"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine,
             "load_average": round(os.getloadavg()[0], 1)}
-    summary = {"host": host, "cpu": paths.describe(), "speculative_config": NGRAM, "rows": rows, "plain_itl_over_ngram_itl": ratios,
-               "torch_threads": torch.get_num_threads(), "output_len": args.output_len}
-    (RESULTS / f"speculative-{paths.level}.json").write_text(json.dumps(summary, indent=2))
 
 
 def _plot(rows: dict, roofline: float) -> None:
