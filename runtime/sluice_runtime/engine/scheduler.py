@@ -262,14 +262,14 @@ class Scheduler:
         time it adds to the step (what a sampled row costs lately), so each draft raises the step's
         expected tokens per second: a lone stream drafts freely, a large batch only what it likely keeps."""
         room = self.max_num_batched_tokens - sum(item.num_tokens for item in decodes)
-        per_token = self.step_budget.sampled_row_s()
+        row_s = self.step_budget.sampled_row_s()
         step_s = self.step_budget.decode_step_s(len(decodes))
         expected = float(len(decodes))
         for item in decodes[first:]:
             if room < 1:
                 return
             slots = self.blocks.allocatable_tokens(item.seq, reserve=self.watermark) - 1
-            threshold = expected * per_token / step_s if step_s > 0 else 0.0
+            threshold = expected * row_s / step_s if step_s > 0 else 0.0
             drafts = self.speculator.drafts(item.seq, min(room, slots), threshold)
             if drafts:
                 self.blocks.allocate(item.seq, 1 + len(drafts))
@@ -277,7 +277,7 @@ class Scheduler:
                 item.draft_ids = drafts
                 room -= len(drafts)
                 expected += self.speculator.expected_kept(item.seq, len(drafts))
-                step_s += per_token * len(drafts)
+                step_s += row_s * len(drafts)
 
     def running_loras(self) -> set[int]:
         return {s.group.lora_id for s in self.running if s.group.lora_id}

@@ -23,7 +23,8 @@ With no decode running there is nothing to protect and the chunks share the whol
 unless the scheduler asks for a short step anyway (batch work while online requests are about: one
 arriving waits for the step in progress). A short step aims at SHORT_STEP_FACTOR times auto's
 decode-only step instead of AUTO_DECODE_FACTOR (with a number, at the number), decodes running or
-not, so its chunks take at most what the decodes leave of the step they would run alone. Which other steps the budget leaves alone is the scheduler's policy (its module docstring).
+not, so its chunks take at most what the decodes leave of the step they would run alone. Which
+other steps the budget leaves alone is the scheduler's policy (its module docstring).
 A step's first chunk is never smaller than MIN_CHUNK tokens, so prompts progress even under a
 target that the decodes alone already exceed, and later ones are not cut smaller either (unless
 that finishes their prompt). The price is throughput where a step's fixed cost is
