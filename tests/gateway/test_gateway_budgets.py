@@ -96,6 +96,15 @@ class Busy:
             time.sleep(0.05)
 
 
+def _await_polled(gateway, url: str, field: str, at_least: int) -> None:
+    """Until the gateway's own load poll has seen `url` with `field` at `at_least` or more, and healthy."""
+    deadline = time.monotonic() + 30
+    while (gateway.metric("sluice_gateway_endpoint_load", endpoint=url, field=field) < at_least
+           or gateway.metric("sluice_gateway_endpoint_up", endpoint=url) < 1):
+        assert time.monotonic() < deadline, f"the gateway never saw {url} with {field} at {at_least}"
+        time.sleep(0.05)
+
+
 def _post(gateway, headers: list[tuple[str, str]] | dict, tenant: str = "default", **extra) -> httpx.Response:
     body = {"model": "chat", "messages": CHAT, "max_tokens": 8, **extra}
     all_headers = [("authorization", f"Bearer {KEYS[tenant]}"),
@@ -201,12 +210,14 @@ def test_the_runtimes_refusal_reaches_the_client_when_no_replica_can_serve_in_ti
 def test_the_picker_passes_over_a_replica_whose_estimated_queue_exceeds_the_budget(single_seq_runtimes,
                                                                                   tiny_runtimes, tmp_path):
     long_queue, room = single_seq_runtimes[0], tiny_runtimes[1]
-    config = gateway_config(_tenants(), routing={"poll_interval_s": 0.2})
+    # A poll slowed by the busy runtimes on a small machine does not count as a failed health check here.
+    config = gateway_config(_tenants(), routing={"poll_interval_s": 0.2, "poll_timeout_s": 5})
     # The replica of one sequence runs one long stream and queues two: by its counts (each queued one counts two
     # running) the less loaded of the two; the other runs six and has room for more.
     with run_gateway(config, _routes(long_queue.url, room.url), tmp_path) as gateway, \
             Busy(long_queue.url, 3), Busy(room.url, 6, queued=False):
-        time.sleep(0.6)  # a load poll has seen both
+        _await_polled(gateway, long_queue.url, "waiting", 2)
+        _await_polled(gateway, room.url, "running", 6)
         for n in range(4):
             response = _post(gateway, {"x-request-timeout": str(BUDGET_S), "x-request-id": f"fit-{n}"})
             assert response.status_code == 200, response.text

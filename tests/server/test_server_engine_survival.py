@@ -83,11 +83,16 @@ def test_a_rerank_request_the_client_abandons_leaves_the_engine_serving_everyone
 def test_an_embeddings_request_abandoned_while_queued_behind_another(server):
     """Left while its first forward still waits for the engine thread: the queued call is dropped unrun."""
     busy = _busy_engine(server)
-    for _ in range(3):
-        # Far shorter than the packed forward it queues behind.
-        with pytest.raises(httpx.TimeoutException):
+    # Each short call waits for what is left of the packed forward running when it arrives, which on a fast CPU
+    # may end within the timeout: calls are sent while the engine is busy until three were left waiting.
+    abandoned = 0
+    while busy.is_alive() and abandoned < 3:
+        try:
             httpx.post(f"{server.url}/v1/embeddings", timeout=0.15, json={"model": MODEL, "input": "short"})
+        except httpx.TimeoutException:
+            abandoned += 1
     busy.join(timeout=300)
+    assert abandoned >= 1, "no short call was left waiting behind the busy engine's forwards"
     _assert_serving(server)
 
 
