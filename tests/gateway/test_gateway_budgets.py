@@ -138,7 +138,7 @@ def test_a_held_request_is_answered_503_when_its_budget_runs_out(single_seq_runt
     busy_runtime = single_seq_runtimes[0]
     config = gateway_config(_tenants(), routing={"poll_interval_s": 0.2}, priority={"hold_s": 30, "max_held": 8})
     with run_gateway(config, _routes(busy_runtime.url), tmp_path) as gateway, Busy(busy_runtime.url, 3):
-        time.sleep(0.5)  # a load poll has seen the runtime saturated
+        _await_polled(gateway, busy_runtime.url, "waiting", 2)
         started = time.monotonic()
         response = _post(gateway, {"x-request-timeout": str(BUDGET_S)}, tenant="batch")
         elapsed = time.monotonic() - started
