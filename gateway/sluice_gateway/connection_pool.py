@@ -181,6 +181,8 @@ class UpstreamResponse:
         connection = self._connection
         connection.response = None
         if self.complete and connection.reusable and self._error is None:
+            if self._paused:  # the answer's last bytes passed the buffer's bound: the next one must be read
+                connection.transport.resume_reading()
             connection.pool._park(connection)
         else:
             connection.transport.close()

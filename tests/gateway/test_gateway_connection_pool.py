@@ -154,3 +154,21 @@ async def test_a_body_past_the_read_limit_is_refused_before_it_is_held(declared)
             await response.read(1_000_000)
         response.close()
         pool.close()
+
+
+async def test_a_connection_paused_by_a_large_answer_reads_the_next_one():
+    """The last bytes of an answer can pass the buffer's bound: the connection pauses reading, the answer is
+    complete, and the pooled connection must still read the next response instead of hanging on it."""
+    async def respond(reader, writer):
+        writer.write(ok(b"x" * 400_000))  # one write: its end lands in the feed that passes the bound
+        await writer.drain()
+
+    async with Server(respond) as server:
+        pool = ConnectionPool(connect_timeout_s=2)
+        for _ in range(3):
+            response = await asyncio.wait_for(pool.request("POST", server.url, "/", b"{}"), 10)
+            await asyncio.sleep(0.2)  # the whole answer arrives before it is read
+            assert len(await asyncio.wait_for(response.read(1_000_000), 10)) == 400_000
+            response.release()
+        assert server.connections == 1
+        pool.close()
