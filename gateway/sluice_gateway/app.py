@@ -214,7 +214,8 @@ class GatewayApp:
         if self._poller is not None:
             self._poller.cancel()
         poller = LoadPoller(
-            self.picker, self.metrics, self.config.routing.poll_interval_s, self.config.routing.poll_timeout_s
+            self.picker, self.metrics, self.config.routing.poll_interval_s, self.config.routing.poll_timeout_s,
+            self.config.routing.unhealthy_after_slow_polls,
         )
         self._poller = asyncio.get_running_loop().create_task(poller.run(self.forwarder.pool))
 

@@ -211,7 +211,12 @@ class Routing(_Strict):
     load_bound: float = Field(default=1.25, ge=1.0, description="Bounded-load factor for prefix affinity.")
     max_attempts: int = Field(default=3, ge=1, description="Endpoints tried before the first byte.")
     poll_interval_s: float = Field(default=1.0, gt=0, description="How often each endpoint's /load is polled.")
-    poll_timeout_s: float = Field(default=0.5, gt=0, description="A /load poll slower than this counts as failed.")
+    poll_timeout_s: float = Field(default=0.5, gt=0, description="A /load poll slower than this counts as slow.")
+    unhealthy_after_slow_polls: int = Field(
+        default=3, ge=1, strict=True,
+        description="Consecutive slow polls that take an endpoint out of rotation (a replica busy with large "
+                    "answers can be slow to answer one); a refused connection or an answer that is not a load "
+                    "report takes it out at once.")
     eject_after_failures: int = Field(default=3, ge=1, description="Consecutive failures that eject an endpoint.")
     eject_for_s: float = Field(default=10.0, gt=0, description="How long an ejected endpoint is left out.")
     reload_interval_s: float = Field(default=1.0, gt=0, description="How often the routes file is checked.")

@@ -1,5 +1,6 @@
 """Active health checks: poll every endpoint's load on a short interval with a bounded timeout; an endpoint whose
-answer is not a load report is taken out of rotation until it is one again.
+answer is not a load report, or that is too slow to answer several polls in a row, is taken out of rotation until
+it answers one again.
 
 Sluice's runtime answers `/load` (sluice_contracts.load_report). vLLM and SGLang have no `/load`: their
 endpoints (the routing table's backend says which engine serves them) are polled on `/metrics`, whose load
@@ -30,11 +31,13 @@ class _NoLoadDocument(Exception):
 
 
 class LoadPoller:
-    def __init__(self, picker: Picker, metrics: GatewayMetrics, interval_s: float, timeout_s: float) -> None:
+    def __init__(self, picker: Picker, metrics: GatewayMetrics, interval_s: float, timeout_s: float,
+                 unhealthy_after_slow_polls: int) -> None:
         self._picker = picker
         self._metrics = metrics
         self._interval = interval_s
         self._timeout = timeout_s
+        self._slow_polls_allowed = unhealthy_after_slow_polls - 1
         self._labelled: set[str] = set()
 
     async def run(self, pool: ConnectionPool) -> None:
@@ -63,6 +66,11 @@ class LoadPoller:
                         endpoint.no_load_document = True
                 await self._read_metrics(pool, endpoint)
         except (UpstreamError, TimeoutError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            if isinstance(exc, TimeoutError) and endpoint.healthy and endpoint.slow_polls < self._slow_polls_allowed:
+                # Slow, not gone: a replica writing large answers can be late with one poll, and taking every
+                # replica of a model out for that would refuse the requests they are free to serve.
+                endpoint.slow_polls += 1
+                return
             if endpoint.healthy:
                 log.warning("endpoint %s failed its health check: %s", endpoint.url, exc or type(exc).__name__)
             endpoint.healthy = False
@@ -98,6 +106,7 @@ class LoadPoller:
         if not endpoint.healthy:
             log.info("endpoint %s is healthy again", endpoint.url)
         endpoint.healthy = True
+        endpoint.slow_polls = 0
         endpoint.polled_at = time.monotonic()
         self._metrics.endpoint_up.labels(endpoint.url).set(1)
         self._metrics.endpoint_load.labels(endpoint.url, "waiting").set(endpoint.waiting)

@@ -47,6 +47,7 @@ class EndpointState:
     kv_cache_usage: float = 0.0
     in_flight: int = 0
     healthy: bool = True
+    slow_polls: int = 0  # consecutive load polls that timed out
     failures: int = 0
     ejected_until: float = 0.0
     polled_at: float = 0.0

@@ -146,3 +146,32 @@ def test_first_byte_timeout_is_504_and_abandons_the_upstream_without_retrying(ti
     wait_for(lambda: cancelled() == before + 1, what="the runtime to abort the abandoned request")
     line = gateway.access_lines("too-slow")["too-slow"]
     assert line["attempts"] == 1 and line["status"] == 504
+
+
+def test_a_replica_late_with_one_poll_stays_in_rotation_and_one_that_stops_answering_is_taken_out(
+        spare_runtime, start_gateway):
+    url = spare_runtime.url
+    gateway = start_gateway(gateway_config(tenant(), routing={"poll_interval_s": 0.2, "poll_timeout_s": 0.2}),
+                            table(only={"backends": [backend("only", url)]}))
+    up = lambda: gateway.metric("sluice_gateway_endpoint_up", endpoint=url)  # noqa: E731
+    wait_for(lambda: up() == 1, what="the first poll")
+    process = spare_runtime.process
+    try:
+        # Frozen for 0.5 s: one poll starts in that time and times out, as one can behind a large answer.
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGCONT)
+        time.sleep(0.5)
+        assert up() == 1 and "failed its health check" not in gateway.log_text()
+        assert httpx.post(f"{gateway.url}/v1/chat/completions", json=chat("only"), headers=HEADERS,
+                          timeout=30).status_code == 200
+
+        # Frozen for good: three slow polls in a row take it out, and it is back with the first it answers.
+        process.send_signal(signal.SIGSTOP)
+        wait_for(lambda: up() == 0, what="the endpoint taken out")
+        assert "failed its health check" in gateway.log_text()
+    finally:
+        process.send_signal(signal.SIGCONT)
+    wait_for(lambda: up() == 1, what="the endpoint back in rotation")
+    assert httpx.post(f"{gateway.url}/v1/chat/completions", json=chat("only"), headers=HEADERS,
+                      timeout=30).status_code == 200
