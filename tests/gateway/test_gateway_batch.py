@@ -597,9 +597,10 @@ def test_a_lease_not_renewed_passes_to_another_replica_and_the_late_answer_is_dr
     store.renew("replica-2", 30)
     taken = store.claim("replica-2", 5, lease_s=30)
     assert [line.custom_id for line in taken] == ["c0", "c1"]
-    assert not store.finish(first[0], "replica-1", True, {"late": True})
-    assert store.finish(taken[0], "replica-2", True, {"custom_id": "c0"})
-    assert not store.finish(taken[0], "replica-2", True, {"custom_id": "c0", "again": True})
+    assert store.finish("replica-1", [(first[0], True, {"late": True})]) == [False]
+    # Answers recorded together are judged one by one: c0 written twice in one transaction is kept once.
+    assert store.finish("replica-2", [(taken[0], True, {"custom_id": "c0"}),
+                                      (taken[0], True, {"custom_id": "c0", "again": True})]) == [True, False]
     store.retry(taken[1], "replica-2", True, delay_s=30)  # back off: not claimable for 30 s
     assert store.claim("replica-3", 5, lease_s=30) == []
     assert store.batch("alice", "batch_a")["request_counts"] == {"total": 3, "completed": 1, "failed": 0}

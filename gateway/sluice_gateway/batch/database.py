@@ -84,15 +84,17 @@ def url_in(url_file: Path) -> str:
 
 
 class SqliteDatabase:
-    """One connection per transaction, so that callers may run in any worker thread. The file is made ready (WAL,
-    the schema) once per process, by one thread: SQLite answers "database is locked" at once, without waiting, to
-    connections racing to switch a new file's journal mode."""
+    """A connection per worker thread, kept (opening one costs about as much as a small transaction); one left
+    inside a transaction by a failure is replaced. The file is made ready (WAL, the schema) once per process, by
+    one thread: SQLite answers "database is locked" at once, without waiting, to connections racing to switch a
+    new file's journal mode."""
 
     def __init__(self, path: Path, schema: str) -> None:
         self._path = path
         self._schema = schema
         self._ready = False
         self._readying = threading.Lock()
+        self._local = threading.local()
 
     def exists(self) -> bool:
         return self._path.exists()
@@ -119,7 +121,9 @@ class SqliteDatabase:
     def transaction(self) -> Iterator[Transaction]:
         if not self._ready:
             self._make_ready()
-        db = self._connect()
+        db = getattr(self._local, "connection", None)
+        if db is None:
+            db = self._local.connection = self._connect()
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -128,8 +132,11 @@ class SqliteDatabase:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
-        finally:
-            db.close()
+        except BaseException:
+            if db.in_transaction:  # the ROLLBACK or COMMIT failed: start afresh rather than inside this one
+                self._local.connection = None
+                db.close()
+            raise
 
 
 class PostgresDatabase:

@@ -45,6 +45,10 @@ class BatchExecutor:
         self._owner = uuid.uuid4().hex
         self._running: set[asyncio.Task] = set()
         self._renewed = time.monotonic()
+        # Answers waiting to be recorded, and the task recording them: one transaction takes every answer that
+        # arrived while the last one was written (a step of the runtime ends many lines at once).
+        self._answers: list[tuple[Claimed, bool, dict[str, Any], asyncio.Future[bool]]] = []
+        self._recorder: asyncio.Task | None = None
 
     async def run(self) -> None:
         try:
@@ -111,9 +115,31 @@ class BatchExecutor:
         ok = 200 <= status < 300
         result = {"id": line_id(line.batch_id, line.line_no), "custom_id": line.custom_id,
                   "response": {"status_code": status, "request_id": request_id, "body": answer}, "error": None}
-        if await asyncio.to_thread(api.store.finish, line, self._owner, ok, result):
+        if await self._record(api, line, ok, result):
             self._metrics.batch_lines.labels(line.tenant, "completed" if ok else "failed").inc()
             self._metrics.batch_line_seconds.observe(time.monotonic() - started)
+
+    async def _record(self, api: BatchApi, line: Claimed, ok: bool, result: dict[str, Any]) -> bool:
+        """Whether the line's answer was recorded (False: its lease had passed to another replica)."""
+        recorded = asyncio.get_running_loop().create_future()
+        self._answers.append((line, ok, result, recorded))
+        if self._recorder is None or self._recorder.done():
+            self._recorder = asyncio.create_task(self._record_waiting(api))
+        return await recorded
+
+    async def _record_waiting(self, api: BatchApi) -> None:
+        while self._answers:
+            answers, self._answers = self._answers, []
+            try:
+                done = await asyncio.to_thread(api.store.finish, self._owner, [a[:3] for a in answers])
+            except Exception as exc:  # each line's task sees it, as it would have from its own write
+                for *_, recorded in answers:
+                    if not recorded.done():
+                        recorded.set_exception(exc)
+                continue
+            for (*_, recorded), was in zip(answers, done):
+                if not recorded.done():
+                    recorded.set_result(was)
 
     async def _retry(self, api: BatchApi, line: Claimed, counted: bool, delay_s: float) -> None:
         ended = await asyncio.to_thread(api.store.retry, line, self._owner, counted, delay_s)

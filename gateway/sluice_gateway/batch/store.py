@@ -32,9 +32,13 @@ CREATE TABLE IF NOT EXISTS lines (
     not_before DOUBLE PRECISION NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0, ok INTEGER, result TEXT,
     PRIMARY KEY (batch_id, line_no));
 CREATE INDEX IF NOT EXISTS lines_by_state ON lines (state, lease_until);
+CREATE INDEX IF NOT EXISTS lines_in_turn ON lines (state, line_no);
 CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status);
 CREATE INDEX IF NOT EXISTS files_by_expiry ON files (expires_at);
 """
+_CLAIMABLE = ("SELECT l.batch_id, l.line_no, l.custom_id, l.request, l.attempts, b.tenant, b.key_id, b.body "
+              "FROM lines l JOIN batches b ON b.id = l.batch_id WHERE ")
+_IN_TURN = "ORDER BY l.line_no, b.created_seq LIMIT ?"
 _FILE = "SELECT id, filename, purpose, bytes, created_at, expires_at FROM files"
 # The states of a batch whose lines may still run or be written to its files.
 _UNFINISHED = ("in_progress", "cancelling", "finalizing")
@@ -210,16 +214,17 @@ class BatchStore:
         return ended
 
     def claim(self, owner: str, count: int, lease_s: float) -> list[Claimed]:
-        """Lease up to `count` lines: pending ones whose retry time has come, or running ones whose replica
-        stopped renewing its lease. Batches take turns, line by line, so that a long batch does not hold back the
-        ones made after it."""
+        """Lease up to `count` lines: first running ones whose replica stopped renewing its lease, then pending
+        ones whose retry time has come. Batches take turns, line by line, so that a long batch does not hold back
+        the ones made after it. Each part is read in turn order from an index, so a claim costs what it takes,
+        not what the batches hold."""
         now = time.time()
         with self._db.transaction() as db:
-            rows = db.execute(
-                "SELECT l.batch_id, l.line_no, l.custom_id, l.request, l.attempts, b.tenant, b.key_id, b.body "
-                "FROM lines l JOIN batches b ON b.id = l.batch_id "
-                "WHERE (l.state = 'pending' AND l.not_before <= ?) OR (l.state = 'running' AND l.lease_until < ?) "
-                "ORDER BY l.line_no, b.created_seq LIMIT ?", (now, now, count)).fetchall()
+            rows = db.execute(_CLAIMABLE + "l.state = 'running' AND l.lease_until < ? " + _IN_TURN,
+                              (now, count)).fetchall()
+            if len(rows) < count:
+                rows += db.execute(_CLAIMABLE + "l.state = 'pending' AND l.not_before <= ? " + _IN_TURN,
+                                   (now, count - len(rows))).fetchall()
             db.executemany("UPDATE lines SET state = 'running', owner = ?, lease_until = ? WHERE batch_id = ? AND "
                            "line_no = ?", [(owner, now + lease_s, row[0], row[1]) for row in rows])
         return [Claimed(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6],
@@ -230,14 +235,15 @@ class BatchStore:
             db.execute("UPDATE lines SET lease_until = ? WHERE owner = ? AND state = 'running'",
                        (time.time() + lease_s, owner))
 
-    def finish(self, line: Claimed, owner: str, ok: bool, result: dict[str, Any]) -> bool:
-        """Record a line's answer, unless its lease passed to another replica (which answers it instead);
-        whether it was recorded."""
+    def finish(self, owner: str, answers: list[tuple[Claimed, bool, dict[str, Any]]]) -> list[bool]:
+        """Record lines' answers (line, whether it succeeded, its output or error line) in one transaction,
+        each unless its lease passed to another replica (which answers it instead); whether each was recorded."""
         with self._db.transaction() as db:
-            return db.execute(
+            return [db.execute(
                 "UPDATE lines SET state = 'done', ok = ?, result = ? WHERE batch_id = ? AND line_no = ? AND "
                 "owner = ? AND state = 'running'",
                 (int(ok), json.dumps(result), line.batch_id, line.line_no, owner)).rowcount > 0
+                for line, ok, result in answers]
 
     def retry(self, line: Claimed, owner: str, counted: bool, delay_s: float = 0.0) -> str | None:
         """Hand a line back to be claimed again in `delay_s`, counting an attempt against it or not; a line of a
