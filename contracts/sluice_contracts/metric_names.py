@@ -59,5 +59,7 @@ REFUSAL_REASON_LABEL = "reason"
 REFUSAL_DEADLINE = "deadline"
 REFUSAL_QUEUE_FULL = "queue_full"
 REFUSAL_BUDGET_PASSED = "budget_passed"
+# Counter: steps of batch-class rows only abandoned between layers for a more urgent request that arrived.
+STEPS_INTERRUPTED = "sluice_runtime_steps_interrupted"
 # Gauge: seconds before a request of the default priority arriving now would start, as the runtime estimates it.
 ESTIMATED_QUEUE_SECONDS = "sluice_runtime_estimated_queue_seconds"

@@ -10,8 +10,9 @@ order, and within one priority in turn across tenants, in proportion to their sh
 batch is full it preempts the least urgent running request (then the most recent); when its queue is full it sheds
 the least urgent waiting request that has not started (503 with Retry-After). A request in the batch class (`batch`'s
 number or less urgent, `in_batch_class`) runs on what the others leave: a runtime's step that prefills a more urgent
-prompt carries none of it, and while more urgent requests are about its steps stay short; a gateway whose classes
-are its own numbers its batch class at 10 or more for this to hold.
+prompt carries none of it, a step of it alone is abandoned between layers when a more urgent chat or completion
+arrives, and while more urgent requests are about its steps stay short; a gateway whose classes are its own numbers
+its batch class at 10 or more for this to hold.
 """
 from __future__ import annotations
 

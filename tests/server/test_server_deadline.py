@@ -3,7 +3,6 @@ gateway's header, its priority class or the runtime's default; a request not ans
 with 503 and Retry-After, one whose budget passes while queued gets the same 503; bad values are ignored."""
 from __future__ import annotations
 
-import re
 import threading
 import time
 
@@ -11,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from fixtures.runtime_server import start_runtime_server
+from fixtures.runtime_server import runtime_metric, start_runtime_server
 from sluice_contracts import metric_names as names
 from sluice_contracts import request_deadline as contract
 
@@ -96,21 +95,13 @@ def test_a_budget_never_changes_the_priority(runtime_server_process, runtime_ope
     assert lines[0]["priority"] == 10
 
 
-def _metric(url: str, name: str, **labels) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    match = re.search(rf'^{re.escape(name)}\{{[^}}]*{re.escape(selector)}[^}}]*\}} (\S+)$', text, re.M)
-    assert match, f"{name} {labels} not in /metrics"
-    return float(match.group(1))
-
-
 def test_refusals_are_counted_by_reason(runtime_server, runtime_openai):
-    before = _metric(runtime_server, names.REQUESTS_REFUSED + "_total", reason=names.REFUSAL_DEADLINE)
+    before = runtime_metric(runtime_server, names.REQUESTS_REFUSED + "_total", reason=names.REFUSAL_DEADLINE)
     _refused(lambda: runtime_openai.chat.completions.create(**BODY, extra_headers={"x-stainless-read-timeout": TINY}))
-    assert _metric(runtime_server, names.REQUESTS_REFUSED + "_total", reason=names.REFUSAL_DEADLINE) == before + 1
+    assert runtime_metric(runtime_server, names.REQUESTS_REFUSED + "_total", reason=names.REFUSAL_DEADLINE) == before + 1
     for reason in (names.REFUSAL_QUEUE_FULL, names.REFUSAL_BUDGET_PASSED):
-        _metric(runtime_server, names.REQUESTS_REFUSED + "_total", reason=reason)
-    assert _metric(runtime_server, names.ESTIMATED_QUEUE_SECONDS) >= 0
+        runtime_metric(runtime_server, names.REQUESTS_REFUSED + "_total", reason=reason)
+    assert runtime_metric(runtime_server, names.ESTIMATED_QUEUE_SECONDS) >= 0
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +128,7 @@ def _in_background(client, count: int, max_tokens: int, priority: int = 0) -> li
 
 def _wait_queue(url: str, at_least_s: float) -> float:
     deadline = time.monotonic() + 30
-    while (queued := _metric(url, names.ESTIMATED_QUEUE_SECONDS)) < at_least_s:
+    while (queued := runtime_metric(url, names.ESTIMATED_QUEUE_SECONDS)) < at_least_s:
         assert time.monotonic() < deadline, queued
         time.sleep(0.05)
     return queued
@@ -165,7 +156,7 @@ def test_a_budget_that_passes_while_queued_ends_the_request_with_503(one_at_a_ti
     running = _in_background(client, 1, 64)
     time.sleep(0.3)
     # Attainable when it arrives, by the runtime's own estimate of this host (which differs between machines).
-    budget = max(3.0, 3 * _metric(server.url, names.ESTIMATED_QUEUE_SECONDS) + 2)
+    budget = max(3.0, 3 * runtime_metric(server.url, names.ESTIMATED_QUEUE_SECONDS) + 2)
     outcome: dict = {}
     answered = threading.Event()
 
@@ -202,7 +193,7 @@ def test_a_budget_that_passes_while_queued_ends_the_request_with_503(one_at_a_ti
     assert budget - 0.5 < outcome["after_s"] < budget + 2.0, (budget, outcome)
     for thread in running + criticals:
         thread.join(120)
-    assert _metric(server.url, names.REQUESTS_REFUSED + "_total", reason=names.REFUSAL_BUDGET_PASSED) >= 1
+    assert runtime_metric(server.url, names.REQUESTS_REFUSED + "_total", reason=names.REFUSAL_BUDGET_PASSED) >= 1
 
 
 def test_without_deadline_admission_a_budget_is_not_acted_on():

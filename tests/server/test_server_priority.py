@@ -1,10 +1,14 @@
 """A request's priority and tenant at the runtime: vLLM's `priority` field for direct callers, the gateway's
 headers (sluice_contracts.request_priority) over it, and a clear 400 for anything malformed in either."""
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 
+from fixtures.runtime_server import runtime_metric
+from sluice_contracts import metric_names as names
 from sluice_contracts import request_priority as contract
 
 pytestmark = pytest.mark.integration
@@ -62,3 +66,25 @@ def test_the_headers_win_over_the_body_field(runtime_server_process, runtime_ope
                                            extra_headers={"x-request-id": "priority-body"})
     line = _logged(runtime_server_process, "priority-body")
     assert line["priority"] == -3 and "tenant" not in line
+
+
+def test_an_online_chat_interrupts_a_batch_step_and_the_batch_line_loses_nothing(runtime_server_process):
+    url = runtime_server_process.url
+    before = runtime_metric(url, f"{names.STEPS_INTERRUPTED}_total")
+    # A prompt of several full steps at the batch class: the chats below each arrive while one of them runs.
+    document = "Quarterly tax filing deadlines fall in April, and late filers pay interest on what they owe. " * 120
+    line = {"model": "smollm2", "messages": [{"role": "user", "content": document}], "max_tokens": 4,
+            "temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=url, timeout=300) as client, ThreadPoolExecutor(1) as pool:
+        batch_line = pool.submit(client.post, "/v1/chat/completions", json=line,
+                                 headers={contract.PRIORITY_HEADER: "10"})
+        deadline = time.monotonic() + 60
+        while not client.get("/load").json()["running"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for n in range(3):
+            chat = client.post("/v1/chat/completions", json={**BODY, "messages": [
+                {"role": "user", "content": f"Hi number {n}"}]})
+            assert chat.status_code == 200
+        answer = batch_line.result()
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+    assert runtime_metric(url, f"{names.STEPS_INTERRUPTED}_total") >= before + 1, "a chat arriving during a step of batch work alone abandons it"

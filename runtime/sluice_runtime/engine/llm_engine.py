@@ -8,12 +8,13 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 
 from sluice_contracts import metric_names as names
-from sluice_contracts.request_priority import DEFAULT_CLASS, DEFAULT_CLASSES
+from sluice_contracts.request_priority import DEFAULT_CLASS, DEFAULT_CLASSES, in_batch_class
 
 from ..engine_config import EngineConfig
 from ..executor.model_runner import BatchItem, ModelRunner
 from ..executor.sampler import SampleRequest, SampleResult, position_generator
 from ..model_load_error import ModelLoadError
+from ..models.interruption import ForwardInterrupted
 from ..models.loading import ModelInfo, resolve_model, validate_model_dir
 from ..models.lora_adapter import AdapterError, LoraAdapter, read_adapter
 from ..sampling_params import SamplingParams
@@ -24,7 +25,7 @@ from .detokenizer import Detokenizer
 from .errors import DeadlineUnattainable, EngineOverloaded, RequestRejected
 from .lora_registry import LoraRegistry
 from .outputs import EXPIRED, SHED, CompletionOutput, RequestOutput, TokenLogprob
-from .scheduler import ScheduledSeq, Scheduler
+from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceGroup
 from .speculation import Speculator
 
@@ -47,6 +48,7 @@ class EngineStats:
     num_aborted: int
     num_timed_out: int
     steps: int
+    steps_interrupted: int
     # Requests not started yet, and requests shed (refused for a full queue, or dropped from it for a more urgent
     # one), by priority.
     waiting_by_priority: dict[int, int] = field(default_factory=dict)
@@ -120,6 +122,10 @@ class LLMEngine:
         self.num_aborted = 0
         self.num_timed_out = 0
         self.steps = 0
+        # Set when a request more urgent than the batch class arrives: a step of batch-class rows only is
+        # abandoned between layers, so the newcomer waits for one layer, not for the step (cleared each step).
+        self._online_arrived = threading.Event()
+        self.steps_interrupted = 0
         # Speculative decoding: verifications run, draft tokens they carried, and those the target agreed with, by
         # their place in the draft (their sum is the accepted tokens).
         self.num_drafts = 0
@@ -202,6 +208,8 @@ class LLMEngine:
             self.groups[request_id] = group
             self._unstarted[request_id] = group
             self._incoming.append(group)
+        if not in_batch_class(priority):
+            self._online_arrived.set()
 
     def queue_room(self) -> int:
         """Requests the queue takes now before it refuses a newcomer no more urgent than those waiting."""
@@ -343,6 +351,9 @@ class LLMEngine:
             self.step_overhead_s = OVERHEAD_DECAY * self.step_overhead_s + (1 - OVERHEAD_DECAY) * overhead
         executed_s = 0.0
         finished_now: dict[str, SequenceGroup] = {}
+        # Cleared before the newcomers are admitted: one arriving from now on interrupts this step, one already
+        # here is scheduled in it (or, if it cannot start, interrupts no step until another arrives).
+        self._online_arrived.clear()
         self._admit_incoming()
         self._apply_aborts_and_deadlines(finished_now)
         self._apply_sheds(finished_now)
@@ -360,21 +371,19 @@ class LLMEngine:
                         self._unstarted.pop(group.request_id, None)
             decodes, chunks = plan.decodes, plan.prefills
             executing = time.monotonic()
-            results = self.runner.execute([self._batch_item(s) for s in decodes],
-                                          [self._batch_item(s) for s in chunks])
+            interruptible = all(in_batch_class(s.seq.group.priority) for s in plan.scheduled)
+            try:
+                results = self.runner.execute([self._batch_item(s) for s in decodes],
+                                              [self._batch_item(s) for s in chunks],
+                                              self._online_arrived if interruptible else None)
+            except ForwardInterrupted:
+                results = None
             executed_s = time.monotonic() - executing
-            sampled = [s for s in decodes + chunks if s.samples]
-            rows = iter(results)
-            accepted = [self._accept(item, [next(rows) for _ in range(len(item.draft_ids) + 1)])
-                        for item in sampled]
-            self.scheduler.on_step_done(plan)
-            now = time.time()
-            for item, tokens in zip(sampled, accepted):
-                for result in tokens:
-                    self._append_token(item.seq, result, now)
-                    if item.seq.finished:
-                        break  # a stop inside an accepted run ends the output there
-                touched[item.seq.group.request_id] = item.seq.group
+            if results is None:
+                self.scheduler.on_step_abandoned(plan)
+                self.steps_interrupted += 1
+            else:
+                self._take_results(plan, results, touched)
         outputs = [self._make_output(g) for g in touched.values()]
         for group in touched.values():
             if group.finished:
@@ -383,6 +392,19 @@ class LLMEngine:
         self._previous_step = (started_at, executed_s) if busy else None
         self._publish_load()
         return [o for o in outputs if o is not None]
+
+    def _take_results(self, plan: SchedulerOutput, results: list[SampleResult], touched: dict[str, SequenceGroup]) -> None:
+        sampled = [s for s in plan.decodes + plan.prefills if s.samples]
+        rows = iter(results)
+        accepted = [self._accept(item, [next(rows) for _ in range(len(item.draft_ids) + 1)]) for item in sampled]
+        self.scheduler.on_step_done(plan)
+        now = time.time()
+        for item, tokens in zip(sampled, accepted):
+            for result in tokens:
+                self._append_token(item.seq, result, now)
+                if item.seq.finished:
+                    break  # a stop inside an accepted run ends the output there
+            touched[item.seq.group.request_id] = item.seq.group
 
     def _admit_incoming(self) -> None:
         while self._incoming:
@@ -552,6 +574,7 @@ class LLMEngine:
             num_aborted=self.num_aborted,
             num_timed_out=self.num_timed_out,
             steps=self.steps,
+            steps_interrupted=self.steps_interrupted,
             waiting_by_priority=dict(waiting_by_priority),
             shed_by_priority=shed_by_priority,
             running_loras=sorted(running_loras),

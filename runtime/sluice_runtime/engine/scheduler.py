@@ -24,7 +24,10 @@ only; if no online prompt can start in the step (memory, an adapter slot), batch
 in it as usual. While an online request is in the engine, or was within ONLINE_LINGER_S, batch-class
 prompts are prefilled in chunks timed by the step budget, decodes running or not, and only as many
 lines decode as keep the step short (step_budget.py), so one arriving waits for a short step in
-progress; on a replica with no online traffic they fill the token budget.
+progress; on a replica with no online traffic they fill the token budget. A step of batch-class rows only
+is abandoned between layers when an online request arrives (the engine's part: llm_engine.py), so the
+newcomer waits for one layer rather than the step; the step's rows are scheduled afresh
+(on_step_abandoned), the abandoned work recomputed later.
 """
 from __future__ import annotations
 
@@ -393,6 +396,16 @@ class Scheduler:
             self.blocks.register_full_blocks(seq)
             if seq.index == 0 and seq.num_computed_tokens >= seq.num_prompt_tokens:
                 self._start_forks(seq)
+
+    def on_step_abandoned(self, out: SchedulerOutput) -> None:
+        """Undo what scheduling `out` allotted beyond each sequence's computed tokens, so the next step schedules
+        its rows afresh: its blocks past them (the prefix blocks of a prompt that just started stay) and the
+        prompt chunks it counted."""
+        for item in out.scheduled:
+            self.blocks.trim(item.seq)
+        for item in out.prefills:
+            if item.seq.index == 0:
+                item.seq.group.metrics.num_prefill_chunks -= 1
 
     def _start_forks(self, parent: Sequence) -> None:
         for child in parent.group.seqs[1:]:

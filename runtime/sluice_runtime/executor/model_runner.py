@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -299,9 +300,12 @@ class ModelRunner:
     # -- steps --------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, decodes: list[BatchItem], prefills: list[BatchItem]) -> list[SampleResult]:
+    def execute(self, decodes: list[BatchItem], prefills: list[BatchItem],
+                interrupt: threading.Event | None = None) -> list[SampleResult]:
         """Run one packed forward of `decodes` (a token each, or a verification's token and drafts) and prompt
-        chunks; returns one result per sampled row (an item's verify rows, then its sample), in order."""
+        chunks; returns one result per sampled row (an item's verify rows, then its sample), in order. Setting
+        `interrupt` abandons the forward before its next layer (ForwardInterrupted), except where tensor-parallel
+        ranks run it too (each must run every layer's collectives) or a captured graph replays it whole."""
         step = StepInputs([], [], [], [], [])
         sample_requests: list[SampleRequest] = []
         for i, item in enumerate(decodes + prefills):
@@ -323,10 +327,11 @@ class ModelRunner:
                 sample_requests.extend([*item.verify, item.sample])
         if self.workers is not None:
             self.workers.send(("step", step))
+            interrupt = None
         with_lora = self.lora is not None and self.lora.set_step(
             [(item.lora_id, len(item.token_ids)) for item in decodes + prefills], len(step.input_ids), self.device)
         try:
-            hidden = self._forward(step, with_lora)
+            hidden = self._forward(step, with_lora, interrupt)
         finally:
             if self.lora is not None:
                 self.lora.clear_step()
@@ -337,7 +342,8 @@ class ModelRunner:
             return self.device_sampler(logits, sample_requests)
         return self.sampler(logits.cpu(), sample_requests)
 
-    def _forward(self, step: StepInputs, with_lora: bool = False) -> torch.Tensor:
+    def _forward(self, step: StepInputs, with_lora: bool = False,
+                 interrupt: threading.Event | None = None) -> torch.Tensor:
         # Graphs were captured without LoRA rows; a step with adapters runs eagerly.
         if self.graphs is not None and not step.prefills and not with_lora:
             hidden = self.graphs.run(step.input_ids, step.positions, step.decodes)
@@ -347,7 +353,7 @@ class ModelRunner:
                                            self.cfg.sliding_window)
         return self.model.hidden_states(
             to_device(step.input_ids, torch.long, self.device), to_device(step.positions, torch.long, self.device),
-            self.backend, meta, self.kv_caches)
+            self.backend, meta, self.kv_caches, interrupt)
 
     @torch.inference_mode()
     def embed(self, batch: list[list[int]], dimensions: int | None = None) -> list[list[float]]:

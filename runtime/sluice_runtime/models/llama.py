@@ -7,6 +7,8 @@ LM head are replicated.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,7 @@ from ..layers.linear import ColumnParallelLinear, RowParallelLinear, TensorParal
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
 from .config import ModelConfig
+from .interruption import check as check_interrupt
 
 
 class Attention(nn.Module):
@@ -93,11 +96,13 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, backend, meta,
-                      kv_caches: list | None) -> torch.Tensor:
+                      kv_caches: list | None, interrupt: threading.Event | None = None) -> torch.Tensor:
+        """`interrupt`: set (by another thread) to abandon the forward before its next layer (ForwardInterrupted)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
         residual = None
         for i, layer in enumerate(self.layers):
+            check_interrupt(interrupt)
             x, residual = layer(x, residual, rope, backend, meta, kv_caches[i] if kv_caches else None)
         return self.norm(x, residual)[0]
 

@@ -46,6 +46,8 @@ class _EngineStateCollector:
              s.spec_decode_num_draft_tokens),
             (CounterMetricFamily, names.SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Draft tokens the model accepted.",
              s.spec_decode_num_accepted_tokens),
+            (CounterMetricFamily, names.STEPS_INTERRUPTED, "Steps of batch-class work only abandoned between layers "
+             "for a more urgent request that arrived (recomputed in a later step).", s.steps_interrupted),
             (GaugeMetricFamily, names.ESTIMATED_QUEUE_SECONDS, "Seconds before a request of the default priority "
              "arriving now would start, as the engine estimates it from its measured step times and its queue.",
              s.estimated_queue_s),
