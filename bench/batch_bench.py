@@ -40,6 +40,8 @@ import openai
 import yaml
 from bench_process import free_port, script, start_runtime, wait_http
 
+from sluice_contracts import metric_names
+
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"online": "sk-bench-online", "batch": "sk-bench-batch"}
 _WORDS = ("river", "lamp", "cedar", "orbit", "violin", "harbor", "granite", "meadow", "comet", "lantern", "glacier",
@@ -198,6 +200,12 @@ async def chat_round(url: str, args, name: str) -> dict:
     return {"ttfts": ttfts, "outcomes": outcomes, "load_average": os.getloadavg()}
 
 
+def cpu_s(process: subprocess.Popen) -> float:
+    """CPU seconds `process` has used (user and system)."""
+    fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load_of(runtime_url: str) -> dict:
     return httpx.get(f"{runtime_url}/load", timeout=10).json()
 
@@ -213,7 +221,17 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def steps_interrupted(runtime_url: str) -> float:
+    """The runtime's count of batch-only steps abandoned for an online arrival (their work is recomputed)."""
+    name = f"{metric_names.STEPS_INTERRUPTED}_total"
+    for line in httpx.get(f"{runtime_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise SystemExit(f"{name} is not in the runtime's /metrics")
+
+
 def ttft_phase(args, runtime_url: str, online_url: str, batch_gw: subprocess.Popen, batch_client: openai.OpenAI) -> dict:
+    interrupted_before = steps_interrupted(runtime_url)
     batch_id = create_batch(batch_client, prompts(args.lines, 1000), args.max_tokens)
     rounds = []
     try:
@@ -234,7 +252,8 @@ def ttft_phase(args, runtime_url: str, online_url: str, batch_gw: subprocess.Pop
         batch_gw.send_signal(signal.SIGCONT)
     progress = batch_client.batches.retrieve(batch_id).request_counts
     batch_client.batches.cancel(batch_id)
-    summary: dict = {"rounds": rounds, "batch_lines_done_before_cancel": progress.completed + progress.failed}
+    summary: dict = {"rounds": rounds, "batch_lines_done_before_cancel": progress.completed + progress.failed,
+                     "steps_interrupted": steps_interrupted(runtime_url) - interrupted_before}
     for case in ("alone", "with_batch"):
         ttfts = [t for r in rounds if r["case"] == case for t in r["ttfts"]]
         summary[case] = {"chats": len(ttfts), "ttft_p50_s": statistics.median(ttfts), "ttft_p99_s": pct(ttfts, 0.99)}
@@ -283,10 +302,14 @@ def main() -> None:
         batch_client = openai.OpenAI(base_url=f"{batch_url}/v1", api_key=KEYS["batch"], max_retries=2, timeout=600)
         for number, row in enumerate(rounds):
             wait_until(runtime_url, lambda load: not load["running"] and not load["waiting"])
+            gateway_cpu = cpu_s(batch_gw)
             row["batch"] = batch_run(batch_client, prompts(args.lines, number), args.max_tokens)
+            # What the batch gateway's own work takes from the cores the engine computes on.
+            row["batch"]["gateway_cpu_ms_per_line"] = 1000 * (cpu_s(batch_gw) - gateway_cpu) / args.lines
             row["ratio"] = row["batch"]["output_tok_s"] / row["offline"]["output_tok_s"]
             print(f"batch: {row['batch']['output_tok_s']:.1f} output tok/s ({row['batch']['status']}); "
-                  f"batch / offline {row['ratio']:.2f}", flush=True)
+                  f"batch / offline {row['ratio']:.2f}; batch gateway CPU "
+                  f"{row['batch']['gateway_cpu_ms_per_line']:.2f} ms a line", flush=True)
         throughput = rounds
         ttft = ttft_phase(args, runtime_url, online_url, batch_gw, batch_client)
     finally:

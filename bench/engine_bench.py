@@ -173,8 +173,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="throughput mix: repeats of Sluice's rows")
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--llama-cpp", action="store_true",
-                        help="throughput mix: add llama.cpp's server on the same GGUF at each concurrency (opt-in: "
-                             "builds llama-server once, about 13 minutes on 2 cores; bench/llama_cpp_server.py)")
+                        help="throughput and quantization mixes: add llama.cpp's server on the same GGUF at each "
+                             "concurrency (opt-in: builds llama-server once, about 13 minutes on 2 cores; "
+                             "bench/llama_cpp_server.py)")
     parser.add_argument("--llama-server", metavar="PATH", help="with --llama-cpp: this llama-server, not one built")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
@@ -230,21 +231,10 @@ def throughput(args: argparse.Namespace) -> None:
                 print(f"{name}: {rows[name]['output_tok_s']:.1f} tok/s, load {rows[name]['load_average']}", flush=True)
     del engine, engines
     if args.llama_cpp:
-        from llama_cpp_server import llama_server_binary, run_llama_server
-
-        from sluice_runtime.models.loading import embedded_gguf
-
-        binary = llama_server_binary(args.llama_server)
         for c in args.concurrency:
             subset = prompts[: args.sequential_requests] if c == 1 else prompts
-            name = f"llama.cpp server c={c} (Q4_1)"
-            try:
-                rows[name] = run_llama_server(binary, embedded_gguf("smollm2"), subset, args.output_len, c,
-                                              torch.get_num_threads())
-                llama_cpp_tok_s[c] = rows[name]["output_tok_s"]
-            except Exception as exc:  # report instead of losing the other rows
-                rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
-            print(f"{name}: {rows[name]}", flush=True)
+            if (theirs := llama_cpp_row(args, subset, c, rows)) is not None:
+                llama_cpp_tok_s[c] = theirs
     if not args.skip_hf:
         from transformers import AutoModelForCausalLM
 
@@ -491,6 +481,23 @@ def lora_mix(args: argparse.Namespace) -> None:
          "adapters_over_base": ratio}, indent=2))
 
 
+def llama_cpp_row(args: argparse.Namespace, prompts: list[list[int]], concurrency: int, rows: dict) -> float | None:
+    """llama.cpp's server on the GGUF the model comes from, as row "llama.cpp server c=N (Q4_1)" of `rows`; its
+    output tok/s, or None when it failed (the error is the row: the other rows are kept)."""
+    from llama_cpp_server import llama_server_binary, run_llama_server
+
+    from sluice_runtime.models.loading import embedded_gguf
+
+    name = f"llama.cpp server c={concurrency} (Q4_1)"
+    try:
+        rows[name] = run_llama_server(llama_server_binary(args.llama_server), embedded_gguf("smollm2"), prompts,
+                                      args.output_len, concurrency, torch.get_num_threads())
+    except Exception as exc:  # report instead of losing the other rows
+        rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(f"{name}: {rows[name]}", flush=True)
+    return rows[name].get("output_tok_s")
+
+
 def quantization_mix(args: argparse.Namespace) -> None:
     from sluice_runtime.cpu_isa import cpu_paths
 
@@ -518,11 +525,21 @@ def quantization_mix(args: argparse.Namespace) -> None:
         ratios[f"c={c}"] = rows[f"int8 c={c}"]["output_tok_s"] / rows[f"float32 c={c}"]["output_tok_s"]
         print(f"c={c}: int8 / float32 {ratios[f'c={c}']:.2f} (target >= 1.8)", flush=True)
     weights = {name: each.runner.weight_bytes for name, each in engines.items()}
+    linears = engines["int8"].runner.linears
+    del first, engines
+    over_llama_cpp = {}
+    if args.llama_cpp:
+        for c in args.concurrency:
+            subset = prompts[: args.sequential_requests] if c == 1 else prompts
+            row = llama_cpp_row(args, subset, c, rows)
+            if row is not None:
+                over_llama_cpp[f"c={c}"] = rows[f"int8 c={c}"]["output_tok_s"] / row
+                print(f"c={c}: int8 / llama.cpp server {over_llama_cpp[f'c={c}']:.2f} (target >= 3)", flush=True)
     print("weights MiB: " + ", ".join(f"{name} {b / 2**20:.0f}" for name, b in weights.items()))
     RESULTS.mkdir(exist_ok=True)
-    summary = {"host": _host(paths), "cpu": paths.describe(), "int8_linears": engines["int8"].runner.linears, "rows": rows,
-               "int8_over_float32": ratios, "weight_bytes": weights, "torch_threads": torch.get_num_threads(),
-               "requests": args.requests, "output_len": args.output_len}
+    summary = {"host": _host(paths), "cpu": paths.describe(), "int8_linears": linears, "rows": rows,
+               "int8_over_float32": ratios, "int8_over_llama_cpp": over_llama_cpp, "weight_bytes": weights,
+               "torch_threads": torch.get_num_threads(), "requests": args.requests, "output_len": args.output_len}
     (RESULTS / f"quantization-{paths.level}.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -114,7 +114,7 @@ def _s(seconds: float) -> str:
 
 def _requests_by_concurrency(rows: dict[str, dict[str, Any]]) -> str:
     """How many requests ran at each concurrency, from rows named "... c=N"."""
-    counts = {key.rsplit(" c=", 1)[1]: row["requests"] for key, row in rows.items()}
+    counts = {c: row["requests"] for key, row in rows.items() if (c := key.rsplit(" c=", 1)[-1]).isdigit()}
     return ", ".join(f"{n} at c={c}" for c, n in counts.items())
 
 
@@ -125,10 +125,16 @@ def _each(prefix: str, table: Callable[[str, dict[str, Any]], str]) -> str:
 
 def _quantization(name: str, data: dict[str, Any]) -> str:
     rows = ["| row | output tok/s | mean TTFT | mean ITL |", "| --- | --- | --- | --- |"]
-    rows += [f"| {key} | {row['output_tok_s']:.1f} | {_s(row['mean_ttft_s'])} | {_ms(row['mean_itl_s'])} |"
+    rows += [f"| {key} | {row['error']} | | |" if "error" in row else
+             f"| {key} | {row['output_tok_s']:.1f} | {_s(row['mean_ttft_s'])} | {_ms(row['mean_itl_s'])} |"
              for key, row in data["rows"].items()]
-    rows += ["", "| concurrency | int8 / float32 output tok/s |", "| --- | --- |"]
-    rows += [f"| {c} | {_ratio(ratio)} |" for c, ratio in data["int8_over_float32"].items()]
+    # The llama.cpp column only where the run had its server (--llama-cpp).
+    over_llama_cpp = data.get("int8_over_llama_cpp") or {}
+    columns = ["int8 / float32 output tok/s"] + (["int8 / llama.cpp server (Q4_1)"] if over_llama_cpp else [])
+    rows += ["", "| concurrency | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    for c, ratio in data["int8_over_float32"].items():
+        cells = [_ratio(ratio)] + ([_ratio(over_llama_cpp[c]) if c in over_llama_cpp else "-"] if over_llama_cpp else [])
+        rows.append(f"| {c} | " + " | ".join(cells) + " |")
     weights = data["weight_bytes"]
     resident = ", ".join(f"{dtype} {size / 2**20:,.0f} MiB" + ("" if dtype == "float32" else
                                                                f" ({size / weights['float32']:.2f} of float32)")
@@ -277,12 +283,13 @@ def batch() -> str:
     for case, label in (("alone", "no batch"), ("with_batch", "with the batch running")):
         rows.append(f"| {label} ({ttft[case]['chats']} chats) | {_ms(ttft[case]['ttft_p50_s'])} | "
                     f"{_ms(ttft[case]['ttft_p99_s'])} |")
-    runs = ["| round | batch output tok/s (lines/s) | `LLM.generate` output tok/s (lines/s) | batch / offline |",
-            "| --- | --- | --- | --- |"]
+    runs = ["| round | batch output tok/s (lines/s) | `LLM.generate` output tok/s (lines/s) | batch / offline | "
+            "batch gateway CPU a line |", "| --- | --- | --- | --- | --- |"]
     for number, row in enumerate(data["throughput"], 1):
         batch_run, offline = row["batch"], row["offline"]
         runs.append(f"| {number} | {batch_run['output_tok_s']:.1f} ({batch_run['lines_s']:.2f}) | "
-                    f"{offline['output_tok_s']:.1f} ({offline['lines_s']:.2f}) | {row['ratio']:.2f} |")
+                    f"{offline['output_tok_s']:.1f} ({offline['lines_s']:.2f}) | {row['ratio']:.2f} | "
+                    f"{batch_run['gateway_cpu_ms_per_line']:.2f} ms |")
     concurrency = ("the gateway's default `batch.concurrency`" if config["concurrency"] is None
                    else f"`batch.concurrency` {config['concurrency']}")
     return "\n".join([
@@ -292,7 +299,9 @@ def batch() -> str:
         f"{config['ttft_rounds']} rounds of {config['chats']} streamed chats of {config['chat_tokens']} output tokens, "
         "one at a time, with the batch and without it in turn:", "", *rows, "",
         f"TTFT with the batch / without: p50 {ttft['p50_ratio']:.2f}x, p99 {ttft['p99_ratio']:.2f}x (target within "
-        "1.3x).", "", *runs, "",
+        "1.3x)." + (f" Steps of batch work abandoned for the chats: {ttft['steps_interrupted']:.0f} "
+                    f"(of {ttft['batch_lines_done_before_cancel']:,} lines done meanwhile)."
+                    if "steps_interrupted" in ttft else ""), "", *runs, "",
         f"Batch / offline `LLM.generate`, median over the rounds: {data['throughput_ratio']:.2f} (target at least "
         "0.8)."])
 
