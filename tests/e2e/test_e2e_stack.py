@@ -703,7 +703,9 @@ def test_7d_lora_adapters_served_added_without_a_restart_and_split_by_a_canary(s
     _wait_ready(stack, LORA_MODEL)
     wait_for(lambda: _im_columns(stack).get(LORA_MODEL, {}).get("ADAPTERS") == "2", timeout=60,
              what="kubectl get im to show both adapters ready")
-    wait_for(lambda: all(b["endpoints"] for b in stack.gateway_get("/admin/routes")["routes"]["sql"]["backends"]),
+    # The route reaches the gateway with its mounted table, on the kubelet's next sync of the pod.
+    wait_for(lambda: (route := stack.gateway_get("/admin/routes")["routes"].get("sql"))
+             and all(b["endpoints"] for b in route["backends"]),
              timeout=30, what="the gateway to route both adapter versions")
     record_property("adapters_ready_s", round(time.monotonic() - started, 1))
 
